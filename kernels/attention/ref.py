@@ -1,0 +1,62 @@
+"""Paged attention, torch reference (the CPU path and the spec for GPU kernels).
+
+Index arithmetic for one request `b` of a batch::
+
+    req_to_token[req_rows[b]] : [max_context]  KV slot of each position of the request
+                 positions 0 .. prefix_len-1  already in the KV pool (earlier steps / cache)
+                 positions prefix_len .. prefix_len+extend_len-1  written this step
+    q rows  cu_seqlens[b] .. cu_seqlens[b+1]-1  are the new tokens, causal w.r.t. all positions
+"""
+from __future__ import annotations
+
+import torch
+
+
+def store_kv_ref(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, kv_slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Write new keys/values into the pool.
+
+    k_cache: [num_kv_slots, Hkv, D]; v_cache: [num_kv_slots, Hkv, Dv];
+    kv_slots: [T] int (slot 0 is the dummy slot); k: [T, Hkv, D]; v: [T, Hkv, Dv].
+    """
+    k_cache.index_copy_(0, kv_slots, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, kv_slots, v.to(v_cache.dtype))
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_rows: list[int],
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each request's new tokens over its whole context.
+
+    q: [T, Hq, D] (T = sum(extend_lens)); k_cache: [S, Hkv, D]; v_cache: [S, Hkv, Dv];
+    req_to_token: [rows+1, max_context] KV slots; req_rows / prefix_lens / extend_lens: per
+    request, host lists. Returns o: [T, Hq, Dv] in q's dtype. Softmax runs in fp32.
+    """
+    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"q heads {num_q_heads} not a multiple of kv heads {num_kv_heads}")
+    group = num_q_heads // num_kv_heads
+    out = q.new_empty(q.shape[0], num_q_heads, v_cache.shape[-1])
+    start = 0
+    for row, prefix_len, extend_len in zip(req_rows, prefix_lens, extend_lens):
+        seq_len = prefix_len + extend_len
+        kv_slots = req_to_token[row, :seq_len].long()
+        k = k_cache[kv_slots].to(q.dtype).repeat_interleave(group, dim=1)  # [S, Hq, D]
+        v = v_cache[kv_slots].to(q.dtype).repeat_interleave(group, dim=1)  # [S, Hq, Dv]
+        q_b = q[start : start + extend_len]  # [L, Hq, D]
+        scores = torch.einsum("lhd,shd->hls", q_b, k) * scale  # [Hq, L, S]
+        q_pos = torch.arange(prefix_len, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]
+        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out[start : start + extend_len] = torch.einsum("hls,shd->lhd", probs, v)
+        start += extend_len
+    return out

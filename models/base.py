@@ -1,0 +1,92 @@
+"""What every model family provides to the engine, and the default weight loading.
+
+A family subclasses `HybridForCausalLM` and sets, in `__init__`:
+    self.layer_ids   : LayerIdMap (which global layers are attention / state)
+and implements `forward(input_ids [T], positions [T], fb) -> hidden [T, H]`,
+`state_spec(dtype)` and `kv_spec()`. Parameter names equal transformers' names after
+`normalize_name`; each parameter may carry `weight_loader(param, full_tensor, name)`
+that cuts this rank's shard.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+
+from ..mem_cache import StateSpec
+from .layer_ids import LayerIdMap
+from .layers.linear import copy_checked
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    num_kv_heads: int  # this rank's
+    head_dim: int
+    v_head_dim: int
+
+
+class HybridForCausalLM(nn.Module):
+    layer_ids: LayerIdMap
+    # checkpoint prefixes rewritten before matching, first match wins: (pattern, replacement)
+    name_rewrites: tuple[tuple[str, str], ...] = ()
+    # checkpoint tensors that are knowingly not used (MTP heads, vision towers, ...)
+    ignored_tensors: tuple[str, ...] = ()
+
+    def state_spec(self, dtype: torch.dtype) -> StateSpec | None:
+        raise NotImplementedError
+
+    def kv_spec(self) -> KVSpec | None:
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, vocab] fp32."""
+        return self.lm_head(hidden)
+
+    def normalize_name(self, name: str) -> str | None:
+        """Checkpoint name -> parameter name; None for tensors we knowingly skip."""
+        if any(re.match(p, name) for p in self.ignored_tensors):
+            return None
+        for pattern, repl in self.name_rewrites:
+            if re.match(pattern, name):
+                return re.sub(pattern, repl, name, count=1)
+        return name
+
+    def tied_embeddings(self) -> bool:
+        return bool(getattr(self, "tie_word_embeddings", False))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load (name, tensor) pairs; returns the parameter names filled. Raises ValueError on
+        an unexpected tensor or a shape mismatch, naming the tensor and both shapes."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for ckpt_name, tensor in weights:
+            name = self.normalize_name(ckpt_name)
+            if name is None:
+                continue
+            if self.load_special(name, tensor, params, loaded):
+                continue
+            if name not in params:
+                raise ValueError(f"unexpected tensor {ckpt_name!r} (shape {tuple(tensor.shape)}) in checkpoint")
+            param = params[name]
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                copy_checked(param, tensor, ckpt_name)
+            else:
+                loader(param, tensor, ckpt_name)
+            loaded.add(name)
+        if self.tied_embeddings() and "lm_head.weight" in params and "lm_head.weight" not in loaded:
+            emb = [n for n in params if n.endswith("embed_tokens.weight") or n.endswith("embeddings.weight")]
+            if emb and emb[0] in loaded:
+                params["lm_head.weight"].data.copy_(params[emb[0]].data)
+                loaded.add("lm_head.weight")
+        return loaded
+
+    def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
+        """Hook for tensors that do not map one-to-one (e.g. per-expert weights). True if handled."""
+        return False

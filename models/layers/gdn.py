@@ -1,0 +1,87 @@
+"""Gated DeltaNet token mixer (Qwen3.5 / Qwen3-Next), shared core.
+
+Families differ only in their input projections; they hand the core
+`mixed_qkv [T, 2*key_dim/tp + value_dim/tp]` (q | k | v, this rank's heads), the gate
+`z [T, HV/tp, Dv]` and the per-value-head `b, a [T, HV/tp]`. The core runs the causal conv
+(window in the state pool), the gated delta rule (state in the pool) and the gated norm.
+Parameter names match transformers: conv1d.weight, A_log, dt_bias, norm.weight.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...kernels.causal_conv1d import causal_conv1d_varlen_ref
+from ...kernels.gated_delta import gated_delta_rule_varlen_ref
+from ...mem_cache import StateSpec
+from .linear import attach_segmented_loader
+from .norm import GatedRMSNorm
+from .parallel import divide, tp_size
+
+
+class DepthwiseConvWeight(nn.Module):
+    """Holds `weight [channels/tp, 1, K]` (transformers' nn.Conv1d layout), segment-sharded."""
+
+    def __init__(self, channel_segments: list[int], kernel_size: int) -> None:
+        super().__init__()
+        per_rank = sum(divide(c, tp_size(), "conv channels") for c in channel_segments)
+        self.weight = nn.Parameter(torch.empty(per_rank, 1, kernel_size))
+        attach_segmented_loader(self.weight, channel_segments, dim=0)
+
+
+class GatedDeltaNetBase(nn.Module):
+    def __init__(self, hf_config, state_layer_id: int) -> None:
+        super().__init__()
+        tp = tp_size()
+        self.state_layer_id = state_layer_id  # state-local id: indexes the state pool
+        self.num_k_heads = divide(hf_config.linear_num_key_heads, tp, "linear_num_key_heads")
+        self.num_v_heads = divide(hf_config.linear_num_value_heads, tp, "linear_num_value_heads")
+        self.head_k_dim = hf_config.linear_key_head_dim
+        self.head_v_dim = hf_config.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim  # this rank's
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_kernel_size = hf_config.linear_conv_kernel_dim
+        full_key_dim = hf_config.linear_num_key_heads * self.head_k_dim
+        full_value_dim = hf_config.linear_num_value_heads * self.head_v_dim
+        self.conv1d = DepthwiseConvWeight([full_key_dim, full_key_dim, full_value_dim], self.conv_kernel_size)
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
+        attach_segmented_loader(self.A_log, [hf_config.linear_num_value_heads], dim=0)
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
+        attach_segmented_loader(self.dt_bias, [hf_config.linear_num_value_heads], dim=0)
+        self.norm = GatedRMSNorm(self.head_v_dim, eps=hf_config.rms_norm_eps)
+
+    @staticmethod
+    def state_spec(hf_config, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> StateSpec:
+        tp = tp_size()
+        key_dim = hf_config.linear_num_key_heads * hf_config.linear_key_head_dim
+        value_dim = hf_config.linear_num_value_heads * hf_config.linear_value_head_dim
+        hv = divide(hf_config.linear_num_value_heads, tp, "linear_num_value_heads")
+        return StateSpec(
+            conv_dim=(2 * key_dim + value_dim) // tp,
+            conv_width=hf_config.linear_conv_kernel_dim - 1,
+            ssm_shape=(hv, hf_config.linear_key_head_dim, hf_config.linear_value_head_dim),
+            conv_dtype=dtype,
+            ssm_dtype=ssm_dtype,
+        )
+
+    def mix(self, mixed_qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, fb) -> torch.Tensor:
+        """mixed_qkv: [T, conv_dim]; z: [T, HV, Dv]; b, a: [T, HV]. Returns [T, HV*Dv]."""
+        pool = fb.state_pool
+        conv_states = pool.conv_states[self.state_layer_id]  # [N+1, conv_dim, K-1]
+        ssm_states = pool.ssm_states[self.state_layer_id]  # [N+1, HV, Dk, Dv]
+        mixed_qkv = causal_conv1d_varlen_ref(
+            mixed_qkv, self.conv1d.weight[:, 0, :], None, conv_states, fb.state_slots_host, fb.cu_seqlens, "silu"
+        )
+        num_tokens = mixed_qkv.shape[0]
+        q, k, v = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [T, HV], log decay
+        core = gated_delta_rule_varlen_ref(
+            q, k, v, g, beta, ssm_states, fb.state_slots_host, fb.cu_seqlens, use_qk_l2norm=True
+        )  # [T, HV, Dv]
+        out = self.norm(core, z)  # [T, HV, Dv]
+        return out.reshape(num_tokens, self.value_dim)

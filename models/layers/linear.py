@@ -1,0 +1,89 @@
+"""TP-aware linears. Weights keep transformers' names and layouts ([out, in]); each param
+carries a `weight_loader(param, full_tensor)` that takes this rank's slice of the checkpoint.
+
+ColumnParallelLinear may be made of several segments (`output_sizes`, e.g. GDN's q|k|v):
+each segment is split across ranks on its own, so rank r holds [q_r | k_r | v_r].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .parallel import all_reduce, divide, tp_rank, tp_size
+
+
+def copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str = "") -> None:
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ValueError(f"shape mismatch for {name or 'tensor'}: model {tuple(param.shape)}, checkpoint {tuple(loaded.shape)}")
+    param.data.copy_(loaded.to(param.dtype))
+
+
+def segmented_shard(full: torch.Tensor, sizes: list[int], dim: int, rank: int, size: int) -> torch.Tensor:
+    """This rank's slice of each segment along `dim`, concatenated."""
+    if sum(sizes) != full.shape[dim]:
+        raise ValueError(f"segments {sizes} do not add up to dim {dim} of shape {tuple(full.shape)}")
+    parts, start = [], 0
+    for seg in sizes:
+        per_rank = divide(seg, size, "segment size")
+        parts.append(full.narrow(dim, start + rank * per_rank, per_rank))
+        start += seg
+    return torch.cat(parts, dim=dim)
+
+
+def attach_segmented_loader(param: nn.Parameter, sizes: list[int], dim: int) -> None:
+    def loader(p: torch.Tensor, full: torch.Tensor, name: str = "") -> None:
+        if full.shape[dim] != sum(sizes):
+            raise ValueError(
+                f"shape mismatch for {name}: model expects {sum(sizes)} along dim {dim} before sharding, "
+                f"checkpoint {tuple(full.shape)}"
+            )
+        copy_checked(p, segmented_shard(full, sizes, dim, tp_rank(), tp_size()), name)
+
+    param.weight_loader = loader
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T (+b), output features split across ranks. Weight: [sum(out)/tp, in]."""
+
+    def __init__(self, input_size: int, output_sizes: int | list[int], bias: bool = False) -> None:
+        super().__init__()
+        sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
+        self.output_sizes = sizes
+        self.output_size_per_rank = sum(divide(s, tp_size(), "output size") for s in sizes)
+        self.weight = nn.Parameter(torch.empty(self.output_size_per_rank, input_size))
+        attach_segmented_loader(self.weight, sizes, dim=0)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.output_size_per_rank))
+            attach_segmented_loader(self.bias, sizes, dim=0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_r W_r^T) (+b), input features split across ranks. Weight: [out, in/tp]."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.input_size_per_rank = divide(input_size, tp_size(), "input size")
+        self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_rank))
+        attach_segmented_loader(self.weight, [input_size], dim=1)
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class ReplicatedLinear(nn.Module):
+    """Same weight on every rank (small projections, routers)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)

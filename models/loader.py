@@ -1,0 +1,123 @@
+"""Load a Hugging Face model directory: config, (sharded) safetensors, or dummy weights.
+
+    model_dir/config.json
+    model_dir/model.safetensors                      one file, or
+    model_dir/model.safetensors.index.json + shards  ("weight_map": name -> file)
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from .registry import model_class, resolve_architecture
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def load_hf_config(model_dir: str):
+    """The transformers config of `model_dir`; the text config for multimodal wrappers."""
+    from transformers import AutoConfig
+
+    if not os.path.isdir(model_dir) or not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"{model_dir!r} is not a model directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except Exception as exc:  # unknown model_type, malformed JSON, ...
+        raise ValueError(f"cannot read the config of {model_dir!r}: {exc}") from exc
+    arch = resolve_architecture(config)
+    text_config = getattr(config, "text_config", None)
+    if text_config is not None and arch.endswith("ForConditionalGeneration"):
+        text_config.architectures = [arch]
+        return text_config
+    return config
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf_config) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        cfg = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        if isinstance(cfg, torch.dtype):
+            return cfg
+        return _DTYPES.get(str(cfg), torch.float32) if cfg else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def checkpoint_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return [os.path.join(model_dir, name) for name in sorted(set(weight_map.values()))]
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    files = sorted(f for f in os.listdir(model_dir) if f.endswith(".safetensors"))
+    if not files:
+        raise ValueError(f"no safetensors weights in {model_dir!r} (use load_format='dummy' for random weights)")
+    return [os.path.join(model_dir, f) for f in files]
+
+
+def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    files = checkpoint_files(model_dir)
+    names_per_file = []
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            names_per_file.append(list(f.keys()))
+    total = sum(len(n) for n in names_per_file)
+    bar = tqdm(total=total, desc="Loading weights", unit="tensor", disable=not progress)
+    for path, names in zip(files, names_per_file):
+        with safe_open(path, framework="pt") as f:
+            for name in names:
+                yield name, f.get_tensor(name)
+                bar.update(1)
+    bar.close()
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights of the real shapes: N(0, 0.02) for matrices, small values for vectors."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for _, param in sorted(model.named_parameters()):
+        values = torch.randn(param.shape, generator=gen) * (0.02 if param.dim() > 1 else 0.1)
+        param.data.copy_(values.to(param.dtype))
+
+
+def load_model(
+    model_dir: str,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    load_format: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+):
+    """Returns (model, hf_config, torch dtype). Raises ValueError naming any missing tensor."""
+    hf_config = load_hf_config(model_dir)
+    torch_dtype = resolve_dtype(dtype, hf_config)
+    cls = model_class(resolve_architecture(hf_config))
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with torch.device(device):
+            model = cls(hf_config)
+    finally:
+        torch.set_default_dtype(prev)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    elif load_format in ("auto", "safetensors"):
+        loaded = model.load_weights(iterate_checkpoint(model_dir, progress))
+        missing = sorted(set(dict(model.named_parameters())) - loaded)
+        if missing:
+            params = dict(model.named_parameters())
+            shown = ", ".join(f"{n} {tuple(params[n].shape)}" for n in missing[:10])
+            raise ValueError(f"checkpoint {model_dir!r} lacks {len(missing)} tensors: {shown}")
+    else:
+        raise ValueError(f"load_format must be auto, safetensors or dummy, got {load_format!r}")
+    return model.eval(), hf_config, torch_dtype

@@ -1,0 +1,160 @@
+"""Qwen3.5 dense (text): Gated DeltaNet layers 3:1 with gated full attention, dense MLP.
+
+Matches transformers' Qwen3_5ForCausalLM (and the text part of
+Qwen3_5ForConditionalGeneration, whose weights sit under `model.language_model.`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .base import HybridForCausalLM, KVSpec
+from .layer_ids import ATTENTION, STATE, LayerIdMap
+from .layers import (
+    ColumnParallelLinear, PagedAttention, ParallelLMHead, RMSNorm, RotaryEmbedding, RowParallelLinear,
+    VocabParallelEmbedding, rope_parameters,
+)
+from .layers.gdn import GatedDeltaNetBase
+from .layers.parallel import divide, tp_size
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate: q_proj gives [q | gate] per head; q/k RMSNorm
+    (zero-centered); partial rotary; out = o_proj(attn * sigmoid(gate))."""
+
+    def __init__(self, hf_config, attn_layer_id: int) -> None:
+        super().__init__()
+        tp = tp_size()
+        self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
+        self.num_heads = divide(total_heads, tp, "num_attention_heads")
+        self.num_kv_heads = divide(total_kv, tp, "num_key_value_heads")
+        bias = getattr(hf_config, "attention_bias", False)
+        h = hf_config.hidden_size
+        self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim * 2, bias=bias)
+        self.k_proj = ColumnParallelLinear(h, total_kv * self.head_dim, bias=bias)
+        self.v_proj = ColumnParallelLinear(h, total_kv * self.head_dim, bias=bias)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps, zero_centered=True)
+        self.k_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps, zero_centered=True)
+        theta, partial, _ = rope_parameters(hf_config)
+        self.rotary = RotaryEmbedding(self.head_dim, int(self.head_dim * partial), theta)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q_gate = self.q_proj(hidden).view(num_tokens, self.num_heads, 2 * self.head_dim)
+        q, gate = q_gate.chunk(2, dim=-1)  # [T, Hq, D] each
+        q = self.q_norm(q)
+        k = self.k_norm(self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        out = self.attn(q, k, v, fb).reshape(num_tokens, -1)
+        out = out * torch.sigmoid(gate.reshape(num_tokens, -1))
+        return self.o_proj(out)
+
+
+class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
+    def __init__(self, hf_config, state_layer_id: int) -> None:
+        super().__init__(hf_config, state_layer_id)
+        h = hf_config.hidden_size
+        key_dim = hf_config.linear_num_key_heads * hf_config.linear_key_head_dim
+        value_dim = hf_config.linear_num_value_heads * hf_config.linear_value_head_dim
+        hv = hf_config.linear_num_value_heads
+        self.in_proj_qkv = ColumnParallelLinear(h, [key_dim, key_dim, value_dim])
+        self.in_proj_z = ColumnParallelLinear(h, value_dim)
+        self.in_proj_b = ColumnParallelLinear(h, hv)
+        self.in_proj_a = ColumnParallelLinear(h, hv)
+        self.out_proj = RowParallelLinear(value_dim, h)
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        z = self.in_proj_z(hidden).view(num_tokens, self.num_v_heads, self.head_v_dim)
+        out = self.mix(self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden), fb)
+        return self.out_proj(out)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(self, hf_config, layer_id: int, layer_ids: LayerIdMap, mlp: nn.Module) -> None:
+        super().__init__()
+        self.is_linear = hf_config.layer_types[layer_id] == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = self.gdn_class(hf_config, layer_ids.state_local(layer_id))
+        else:
+            self.self_attn = GatedAttention(hf_config, layer_ids.attn_local(layer_id))
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, zero_centered=True)
+        self.post_attention_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, zero_centered=True)
+
+    gdn_class = Qwen3_5GatedDeltaNet
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+        residual = hidden
+        hidden = self.input_layernorm(hidden)
+        mixer = self.linear_attn if self.is_linear else self.self_attn
+        hidden = residual + mixer(hidden, positions, fb)
+        residual = hidden
+        return residual + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class _Backbone(nn.Module):
+    def __init__(self, hf_config, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, zero_centered=True)
+
+
+def qwen_layer_ids(hf_config) -> LayerIdMap:
+    kinds = {"linear_attention": STATE, "full_attention": ATTENTION}
+    bad = [t for t in hf_config.layer_types if t not in kinds]
+    if bad:
+        raise ValueError(f"unsupported layer types {sorted(set(bad))}; supported {sorted(kinds)}")
+    return LayerIdMap([kinds[t] for t in hf_config.layer_types[: hf_config.num_hidden_layers]])
+
+
+class Qwen3_5ForCausalLM(HybridForCausalLM):
+    name_rewrites = ((r"^model\.language_model\.", "model."),)
+    ignored_tensors = (r"^mtp\.", r"^model\.visual\.", r"^visual\.")
+    decoder_layer_class = Qwen3_5DecoderLayer
+
+    def __init__(self, hf_config) -> None:
+        super().__init__()
+        self.hf_config = hf_config
+        self.layer_ids = qwen_layer_ids(hf_config)
+        layers = [
+            self.decoder_layer_class(hf_config, i, self.layer_ids, self.make_mlp(hf_config, i))
+            for i in range(hf_config.num_hidden_layers)
+        ]
+        self.model = _Backbone(hf_config, layers)
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def make_mlp(self, hf_config, layer_id: int) -> nn.Module:
+        return GatedMLP(hf_config.hidden_size, hf_config.intermediate_size)
+
+    def state_spec(self, dtype: torch.dtype):
+        return GatedDeltaNetBase.state_spec(self.hf_config, dtype)
+
+    def kv_spec(self) -> KVSpec:
+        c = self.hf_config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return KVSpec(divide(c.num_key_value_heads, tp_size(), "num_key_value_heads"), head_dim, head_dim)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+        hidden = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            hidden = layer(hidden, positions, fb)
+        return self.model.norm(hidden)

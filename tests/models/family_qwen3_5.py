@@ -1,0 +1,17 @@
+"""Tiny Qwen3.5 dense (text) config: GDN and gated attention, partial rotary."""
+HF_CLASS = "Qwen3_5ForCausalLM"
+
+
+def config(**kw):
+    from transformers import Qwen3_5TextConfig
+
+    base = dict(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=1024,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+    )
+    base.update(kw)
+    return Qwen3_5TextConfig(**base)
