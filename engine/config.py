@@ -1,0 +1,42 @@
+"""EngineConfig: one frozen, validated config for a replica's engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    tokenizer: str | None = None  # defaults to the model directory
+    device: str = "cpu"
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    load_format: str = "auto"  # auto | safetensors | dummy
+    seed: int = 0  # dummy weights and unseeded sampling start from here
+    max_num_seqs: int = 64  # requests running at once
+    max_num_batched_tokens: int = 512  # token budget per step
+    chunked_prefill_size: int = 64  # most prompt tokens of one request per step
+    max_model_len: int | None = None  # prompt + output tokens; default: the model's, capped to fit the cache
+    page_size: int = 16  # tokens per KV page
+    cache_memory_bytes: int | None = None  # KV pages + state slots; default: see engine sizing
+    gpu_memory_utilization: float = 0.85  # fraction of free GPU memory for the cache when not given
+    state_pool_fraction: float = 0.25  # share of the cache budget for state slots (capped at max_num_seqs)
+    check_integrity: bool = True  # assert pool integrity when the engine goes idle
+
+    def __post_init__(self) -> None:
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+        for name in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size"):
+            positive(name)
+        if self.max_model_len is not None:
+            positive("max_model_len")
+        if self.cache_memory_bytes is not None:
+            positive("cache_memory_bytes")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0.0 <= self.state_pool_fraction <= 1.0:
+            raise ValueError(f"state_pool_fraction must be in [0, 1], got {self.state_pool_fraction}")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")

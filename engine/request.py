@@ -1,0 +1,92 @@
+"""A request inside the engine: its tokens, progress, cache holdings and output state."""
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from ..mem_cache import RequestAlloc
+from .detokenizer import IncrementalDetokenizer
+from .outputs import Logprob
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """One sequence. `num_computed_tokens` counts tokens whose KV/state are in the pools;
+    the request still needs `len(token_ids) - num_computed_tokens` tokens computed, and
+    samples a token whenever a step brings it to the end of its tokens."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 detokenizer: IncrementalDetokenizer, eos_token_ids: set[int], seed: int | None,
+                 device: torch.device | str = "cpu") -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.detokenizer = detokenizer
+        self.eos_token_ids = set() if params.ignore_eos else set(eos_token_ids)
+        self.output_token_ids: list[int] = []
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.alloc: RequestAlloc | None = None
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob = 0.0
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator(device=device)
+            if seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(seed)
+        self.arrival_time = time.monotonic()
+        self.first_token_time: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """KV positions this request may need: the prompt and all but the last output token."""
+        return self.prompt_len + self.params.max_tokens - 1
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def stop_token_set(self) -> set[int]:
+        return self.eos_token_ids | set(self.params.stop_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        """Record a sampled token and decide whether the request is done."""
+        if self.first_token_time is None:
+            self.first_token_time = time.monotonic()
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
+        num_out = len(self.output_token_ids)
+        if token_id in self.stop_token_set() and num_out >= self.params.min_tokens:
+            self.finish_reason, self.stop_reason = "stop", token_id
+            if token_id in self.eos_token_ids:
+                self.stop_reason = None
+            return
+        stop = self.detokenizer.push(token_id)
+        if stop is not None and num_out >= self.params.min_tokens:
+            self.finish_reason, self.stop_reason = "stop", stop
+            return
+        if num_out >= self.params.max_tokens:
+            self.finish_reason = "length"
+            self.detokenizer.flush()

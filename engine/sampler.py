@@ -1,0 +1,61 @@
+"""Sampling from next-token logits, one row per request (host loop; the GPU sampler lives
+with the kernels). Logprobs are those of the model's distribution (before temperature etc.)."""
+from __future__ import annotations
+
+import torch
+
+from .outputs import Logprob
+from .request import Request
+
+
+def _mask_logits(logits: torch.Tensor, req: Request) -> torch.Tensor:
+    """logits: [V] fp32. Temperature, top-k, top-p, min-p; returns masked, scaled logits."""
+    p = req.params
+    logits = logits / p.temperature
+    if p.top_k > 0 and p.top_k < logits.numel():
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass before it already reaches top_p (always keep the first)
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= p.top_p
+        logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
+    if p.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+    return logits
+
+
+def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    """logits: [B, V] fp32, row b for requests[b]. Returns the sampled token ids, and records
+    logprobs on requests that asked for them."""
+    tokens: list[int] = []
+    for row, req in zip(logits, requests):
+        if len(req.output_token_ids) < req.params.min_tokens:
+            banned = list(req.stop_token_set())
+            if banned:
+                row = row.clone()
+                row[banned] = float("-inf")
+        if req.params.greedy:
+            token = int(torch.argmax(row))
+        else:
+            probs = torch.softmax(_mask_logits(row, req), dim=-1)
+            token = int(torch.multinomial(probs, 1, generator=req.generator))
+        tokens.append(token)
+        if req.logprobs is not None:
+            req.logprobs.append(_logprobs(row, token, req.params.logprobs))
+            req.cumulative_logprob += req.logprobs[-1][token].logprob
+    return tokens
+
+
+def _logprobs(logits: torch.Tensor, token: int, top_n: int) -> dict[int, Logprob]:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = float(logp[token])
+    rank = int((logp > logp[token]).sum()) + 1
+    out = {token: Logprob(chosen, rank)}
+    if top_n:
+        values, ids = torch.topk(logp, top_n)
+        for i, (v, t) in enumerate(zip(values.tolist(), ids.tolist())):
+            out.setdefault(t, Logprob(v, i + 1))
+    return out
