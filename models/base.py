@@ -67,8 +67,8 @@ class HybridForCausalLM(nn.Module):
         loaded: set[str] = set()
         for ckpt_name, tensor in weights:
             name = self.normalize_name(ckpt_name)
-            if name is None:
-                continue
+            if name is None or (name == "lm_head.weight" and self.tied_embeddings()):
+                continue  # skipped on purpose; a tied head shares the embedding's parameter
             if self.load_special(name, tensor, params, loaded):
                 continue
             if name not in params:
@@ -80,12 +80,15 @@ class HybridForCausalLM(nn.Module):
             else:
                 loader(param, tensor, ckpt_name)
             loaded.add(name)
-        if self.tied_embeddings() and "lm_head.weight" in params and "lm_head.weight" not in loaded:
-            emb = [n for n in params if n.endswith("embed_tokens.weight") or n.endswith("embeddings.weight")]
-            if emb and emb[0] in loaded:
-                params["lm_head.weight"].data.copy_(params[emb[0]].data)
-                loaded.add("lm_head.weight")
         return loaded
+
+    def tie_weights(self) -> None:
+        """With tied embeddings the LM head *is* the input embedding's parameter (one copy)."""
+        if self.tied_embeddings():
+            embeddings = [m for n, m in self.named_modules() if n.endswith("embed_tokens")]
+            if len(embeddings) != 1:
+                raise ValueError("tie_word_embeddings is set but the model has no single embed_tokens")
+            self.lm_head.weight = embeddings[0].weight
 
     def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
         """Hook for tensors that do not map one-to-one (e.g. per-expert weights). True if handled."""

@@ -109,6 +109,7 @@ def load_model(
             model = cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
+    model.tie_weights()
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     elif load_format in ("auto", "safetensors"):

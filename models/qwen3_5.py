@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .base import HybridForCausalLM, KVSpec
 from .layer_ids import ATTENTION, STATE, LayerIdMap
@@ -16,6 +15,7 @@ from .layers import (
     VocabParallelEmbedding, rope_parameters,
 )
 from .layers.gdn import GatedDeltaNetBase
+from .layers.mlp import GatedMLP
 from .layers.parallel import divide, tp_size
 
 
@@ -73,17 +73,6 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
         z = self.in_proj_z(hidden).view(num_tokens, self.num_v_heads, self.head_v_dim)
         out = self.mix(self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden), fb)
         return self.out_proj(out)
-
-
-class GatedMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
-        super().__init__()
-        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
-        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Qwen3_5DecoderLayer(nn.Module):

@@ -1,0 +1,19 @@
+"""SwiGLU MLP: down(silu(gate(x)) * up(x)), column-parallel in, row-parallel out."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .linear import ColumnParallelLinear, RowParallelLinear
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

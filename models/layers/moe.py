@@ -1,0 +1,161 @@
+"""Sparse mixture of experts: softmax top-k router, stacked experts, optional gated shared expert.
+
+Reference implementation (plain torch, one matmul pair per expert that has tokens); a fused
+GPU kernel can take the same stacked storage later.
+
+Storage follows transformers' in-memory layout (and names):
+    experts.gate_up_proj : [E, 2 * I/tp, H]   rows [gate_r | up_r] of this rank
+    experts.down_proj    : [E, H, I/tp]
+so each expert's intermediate dim is split across ranks (column-parallel gate/up, row-parallel
+down); the routed output of a rank is a partial sum, all-reduced by `SparseMoeBlock`.
+
+Checkpoints come in two forms, both accepted:
+    fused       `...experts.gate_up_proj [E, 2I, H]`, `...experts.down_proj [E, H, I]`
+                (loaded by the parameters' own `weight_loader`);
+    per expert  `...experts.<e>.gate_proj.weight [I, H]`, `.up_proj.weight [I, H]`,
+                `.down_proj.weight [H, I]` (what the Hub and save_pretrained hold), assembled
+                by `PerExpertWeightLoader` from a family's `load_special` hook.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .linear import ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
+from .parallel import all_reduce, divide, tp_rank, tp_size
+
+
+def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
+
+    Softmax in fp32 over all experts, keep the top k; with `renormalize` (config `norm_topk_prob`)
+    the kept weights are rescaled to sum to 1."""
+    probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+class FusedExperts(nn.Module):
+    """E gated-SiLU experts stored stacked; forward returns this rank's partial output."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.intermediate_size = intermediate_size  # full, before sharding
+        self.local_intermediate = divide(intermediate_size, tp_size(), "moe_intermediate_size")
+        i_r = self.local_intermediate
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * i_r, hidden_size))
+        attach_segmented_loader(self.gate_up_proj, [intermediate_size, intermediate_size], dim=1)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, i_r))
+        attach_segmented_loader(self.down_proj, [intermediate_size], dim=2)
+
+    def load_expert(self, expert_id: int, proj: str, full: torch.Tensor, name: str) -> str:
+        """Copy one expert's full checkpoint matrix (gate_proj/up_proj [I, H], down_proj [H, I]) into
+        this rank's slice of the stacked storage. Returns the parameter attribute it wrote to."""
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"unexpected tensor {name!r}: expert {expert_id} >= num_experts {self.num_experts}")
+        i_full, i_r, hidden = self.intermediate_size, self.local_intermediate, self.down_proj.shape[1]
+        shard_dim = 1 if proj == "down_proj" else 0
+        expected = (hidden, i_full) if proj == "down_proj" else (i_full, hidden)
+        if tuple(full.shape) != expected:
+            raise ValueError(f"shape mismatch for {name}: model expects {expected}, checkpoint {tuple(full.shape)}")
+        part = segmented_shard(full, [i_full], shard_dim, tp_rank(), tp_size())
+        if proj == "down_proj":
+            copy_checked(self.down_proj.data[expert_id], part, name)
+            return "down_proj"
+        rows = slice(0, i_r) if proj == "gate_proj" else slice(i_r, 2 * i_r)
+        copy_checked(self.gate_up_proj.data[expert_id, rows], part, name)
+        return "gate_up_proj"
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum."""
+        out = torch.zeros_like(x)
+        for expert_id in torch.unique(topk_ids).tolist():
+            token_idx, k_idx = torch.where(topk_ids == expert_id)  # [n], [n]
+            gate, up = F.linear(x[token_idx], self.gate_up_proj[expert_id]).chunk(2, dim=-1)  # [n, I/tp] each
+            y = F.linear(F.silu(gate) * up, self.down_proj[expert_id])  # [n, H]
+            out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None])
+        return out
+
+
+class SparseMoeBlock(nn.Module):
+    """out = experts(x, softmax_topk(gate(x))) [+ sigmoid(shared_expert_gate(x)) * shared_expert(x)].
+
+    Parameter names match transformers' Qwen2/3-MoE and Qwen3-Next blocks: `gate.weight [E, H]`
+    (replicated), `experts.*`, `shared_expert.*`, `shared_expert_gate.weight [1, H]` (replicated).
+    `shared_expert` is any module mapping [T, H] -> [T, H] with its own all-reduce (e.g. a gated
+    MLP of column/row-parallel linears); None for families without one."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_experts: int,
+        top_k: int,
+        moe_intermediate_size: int,
+        norm_topk_prob: bool,
+        shared_expert: nn.Module | None = None,
+        shared_expert_gate: bool = False,
+    ) -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
+        self.top_k = top_k
+        self.norm_topk_prob = norm_topk_prob
+        self.gate = ReplicatedLinear(hidden_size, num_experts)
+        self.experts = FusedExperts(num_experts, hidden_size, moe_intermediate_size)
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if shared_expert_gate else None
+        if shared_expert_gate and shared_expert is None:
+            raise ValueError("shared_expert_gate needs a shared_expert")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, H] -> [T, H] (complete, all-reduced across ranks)."""
+        topk_weights, topk_ids = softmax_topk(self.gate(x), self.top_k, self.norm_topk_prob)  # [T, K]
+        out = all_reduce(self.experts(x, topk_ids, topk_weights))  # [T, H]
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)  # [T, H]
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared  # gate: [T, 1]
+            out = out + shared
+        return out
+
+
+class PerExpertWeightLoader:
+    """Assembles one-key-per-expert checkpoint tensors into `FusedExperts` storage.
+
+    Use one instance per `load_weights` call and call it from `load_special`. A stacked
+    parameter is reported as loaded only once every expert's part of it has arrived, so the
+    loader's missing check still names parameters with an expert absent from the checkpoint."""
+
+    pattern = re.compile(
+        r"^(?P<module>(?:.+\.)?experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+    )
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.arrived: dict[str, set[tuple[int, str]]] = {}  # param name -> {(expert, proj)}
+
+    def __call__(self, name: str, tensor: torch.Tensor, loaded: set[str]) -> bool:
+        match = self.pattern.match(name)
+        if match is None:
+            return False
+        try:
+            experts = self.model.get_submodule(match["module"])
+        except AttributeError:
+            return False  # no such module: the caller reports an unexpected tensor
+        if not isinstance(experts, FusedExperts):
+            return False
+        expert_id, proj = int(match["expert"]), match["proj"]
+        attr = experts.load_expert(expert_id, proj, tensor, name)
+        param_name = f"{match['module']}.{attr}"
+        parts = self.arrived.setdefault(param_name, set())
+        parts.add((expert_id, proj))
+        needed = experts.num_experts * (2 if attr == "gate_up_proj" else 1)
+        if len(parts) == needed:
+            loaded.add(param_name)
+        return True

@@ -1,0 +1,72 @@
+"""Incremental detokenization (stop strings across tokens, partial UTF-8) and the sampler."""
+import torch
+
+from hybrid_serve.engine.detokenizer import IncrementalDetokenizer
+from hybrid_serve.engine.request import Request
+from hybrid_serve.engine.sampler import _mask_logits, sample
+from hybrid_serve.engine.sampling_params import SamplingParams
+
+
+class ByteTokenizer:
+    """Token i = byte i; decoding replaces broken UTF-8 with U+FFFD, like real tokenizers."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def _push_all(detok, text):
+    for b in text.encode():
+        stop = detok.push(b)
+        if stop is not None:
+            return stop
+    return None
+
+
+def test_stop_string_spanning_tokens_is_cut():
+    detok = IncrementalDetokenizer(ByteTokenizer(), ["END"])
+    assert _push_all(detok, "hello ENDING") == "END"
+    assert detok.text == "hello "
+    detok = IncrementalDetokenizer(ByteTokenizer(), ["END"], include_stop_str_in_output=True)
+    _push_all(detok, "hello ENDING")
+    assert detok.text == "hello END"
+
+
+def test_earliest_stop_string_wins():
+    detok = IncrementalDetokenizer(ByteTokenizer(), ["bc", "abcd"])
+    _push_all(detok, "xabcd")
+    assert detok.text == "xa"
+
+
+def test_partial_utf8_is_held_back():
+    detok = IncrementalDetokenizer(ByteTokenizer(), [])
+    euro = "€".encode()
+    for b in euro[:2]:
+        detok.push(b)
+    assert detok.text == ""
+    detok.push(euro[2])
+    assert detok.text == "€"
+
+
+def _req(**kw):
+    params = SamplingParams(**kw)
+    return Request("r", [1], params, IncrementalDetokenizer(None, []), {0}, seed=params.seed)
+
+
+def test_top_k_top_p_min_p_masks():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = lambda **kw: (_mask_logits(logits, _req(**kw)) > float("-inf")).nonzero().flatten().tolist()
+    assert kept(top_k=2) == [0, 1]
+    assert kept(top_p=0.8) == [0, 1]
+    assert kept(top_p=0.81) == [0, 1, 2]
+    assert kept(min_p=0.5) == [0, 1]
+
+
+def test_greedy_min_tokens_and_logprobs():
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
+    req = _req(temperature=0.0, min_tokens=1, logprobs=2)  # eos is token 0
+    assert sample(logits, [req]) == [1]  # eos banned before min_tokens
+    entry = req.logprobs[0]
+    assert set(entry) == {1, 2} and entry[1].rank == 1
+    req2 = _req(temperature=0.0, logprobs=0)
+    assert sample(logits, [req2]) == [0]
+    assert abs(req2.logprobs[0][0].logprob - float(torch.log_softmax(logits[0], -1)[0])) < 1e-6

@@ -1,0 +1,96 @@
+"""Reference kernels against transformers' own torch functions, over variable-length
+batches with state carried through the pool across chunks."""
+import sys
+
+for _pkg in ("fla", "causal_conv1d", "mamba_ssm"):
+    sys.modules.setdefault(_pkg, None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers.models.qwen3_5 import modeling_qwen3_5 as hf  # noqa: E402
+
+from hybrid_serve.kernels.attention import paged_attention_ref, store_kv_ref  # noqa: E402
+from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen_ref  # noqa: E402
+from hybrid_serve.kernels.gated_delta import gated_delta_rule_varlen_ref  # noqa: E402
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("lens", [[5, 1, 9], [1, 1, 1], [17]], ids=["mixed", "decode", "single"])
+def test_conv1d_varlen_matches_transformers_with_chunks(lens):
+    torch.manual_seed(0)
+    dim, width = 6, 4
+    weight = torch.randn(dim, width)
+    seqs = [torch.randn(2 * n, dim) for n in lens]  # each sequence in two chunks of n
+    conv_states = torch.full((5, dim, width - 1), float("nan"))
+    slots = [3, 1, 4][: len(lens)]
+    conv_states[slots] = 0.0
+    outs = []
+    for half in (0, 1):
+        x = torch.cat([s[half * n:(half + 1) * n] for s, n in zip(seqs, lens)])
+        cu = [0]
+        for n in lens:
+            cu.append(cu[-1] + n)
+        outs.append((x, causal_conv1d_varlen_ref(x, weight, None, conv_states, slots, cu, "silu"), cu))
+    for b, s in enumerate(seqs):
+        want = hf.causal_conv1d_fn(s.t()[None], weight, None, activation="silu")[0].t()
+        got = torch.cat([y[cu[b]:cu[b + 1]] for _, y, cu in outs])
+        assert _rel(got, want) < 1e-6
+        padded = torch.cat([torch.zeros(width - 1, dim), s])  # the window starts as zeros
+        assert torch.allclose(conv_states[slots[b]], padded[-(width - 1):].t())
+    assert torch.isnan(conv_states[0]).all() and torch.isnan(conv_states[2]).all()  # untouched
+
+
+def test_gated_delta_varlen_matches_transformers_chunk_rule():
+    torch.manual_seed(0)
+    H, HV, Dk, Dv = 2, 4, 8, 6
+    lens = [13, 1, 40]
+    states = torch.full((4, HV, Dk, Dv), float("nan"))
+    slots = [2, 3, 1]
+    states[slots] = 0.0
+    seqs = []
+    for n in lens:
+        q, k = torch.randn(n, H, Dk), torch.randn(n, H, Dk)
+        v, beta = torch.randn(n, HV, Dv), torch.rand(n, HV)
+        g = -torch.rand(n, HV)
+        seqs.append((q, k, v, g, beta))
+    got = [[] for _ in lens]
+    for lo, hi in ((0, 0.5), (0.5, 1.0)):  # two chunks per sequence
+        parts = [tuple(t[int(lo * n):int(hi * n)] for t in s) for s, n in zip(seqs, lens)]
+        cu = [0]
+        for p in parts:
+            cu.append(cu[-1] + p[0].shape[0])
+        active = [b for b, p in enumerate(parts) if p[0].shape[0] > 0]
+        cat = [torch.cat([parts[b][i] for b in active]) for i in range(5)]
+        cu = [0]
+        for b in active:
+            cu.append(cu[-1] + parts[b][0].shape[0])
+        out = gated_delta_rule_varlen_ref(*cat, states, [slots[b] for b in active], cu)
+        for j, b in enumerate(active):
+            got[b].append(out[cu[j]:cu[j + 1]])
+    for b, (q, k, v, g, beta) in enumerate(seqs):
+        want, final = hf.torch_chunk_gated_delta_rule(
+            q[None], k[None], v[None], g=g[None], beta=beta[None], output_final_state=True,
+            use_qk_l2norm_in_kernel=True)
+        assert _rel(torch.cat(got[b]), want[0]) < 1e-5
+        assert _rel(states[slots[b]], final[0]) < 1e-5
+    assert torch.isnan(states[0]).all()
+
+
+def test_paged_attention_matches_dense_causal_attention():
+    torch.manual_seed(0)
+    Hq, Hkv, D, L = 4, 2, 8, 11
+    q, k, v = torch.randn(L, Hq, D), torch.randn(L, Hkv, D), torch.randn(L, Hkv, D)
+    k_cache, v_cache = torch.zeros(64, Hkv, D), torch.zeros(64, Hkv, D)
+    req_to_token = torch.zeros(2, 32, dtype=torch.int32)
+    req_to_token[1, :L] = torch.randperm(60)[:L] + 4  # scattered KV slots
+    store_kv_ref(k_cache, v_cache, req_to_token[1, :L].long(), k, v)
+    prefix = 6
+    out = paged_attention_ref(q[prefix:], k_cache, v_cache, req_to_token, [1], [prefix], [L - prefix], D**-0.5)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = torch.einsum("lhd,shd->hls", q, kr) * D**-0.5
+    scores = scores.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+    want = torch.einsum("hls,shd->lhd", scores.softmax(-1), vr)[prefix:]
+    assert _rel(out, want) < 1e-6
