@@ -1,0 +1,3 @@
+from .ref import selective_state_update_varlen_ref
+
+__all__ = ["selective_state_update_varlen_ref"]

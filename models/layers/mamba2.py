@@ -1,0 +1,143 @@
+"""Mamba2 token mixer (Nemotron-H), matching transformers' NemotronHMamba2Mixer torch path.
+
+    in_proj(h)   -> [z (H*P) | x (H*P) | B (G*N) | C (G*N) | dt (H)]     each segment TP-sharded
+    xBC          =  silu(causal_conv1d([x | B | C]))                       window in the state pool
+    y            =  SSM(x, dt, A=-exp(A_log), B, C, D, dt_bias)            state in the state pool
+    y            =  w * rmsnorm_per_group(y * silu(z))                      gate first, then norm
+    out_proj(y)                                                            row-parallel
+
+Shapes on this rank: H heads of P = head_dim, G groups (heads split into G contiguous
+blocks, G divisible by tp), N = d_state. Parameter names match transformers: in_proj,
+conv1d.weight/bias, A_log, D, dt_bias, norm.weight, out_proj.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...kernels.causal_conv1d import causal_conv1d_varlen_ref
+from ...kernels.mamba_ssm import selective_state_update_varlen_ref
+from ...mem_cache import StateSpec
+from .linear import ColumnParallelLinear, RowParallelLinear, attach_segmented_loader
+from .parallel import divide, tp_size
+
+
+class SegmentedDepthwiseConv(nn.Module):
+    """Holds `weight [C/tp, 1, K]` (nn.Conv1d layout) and optional `bias [C/tp]`, segment-sharded."""
+
+    def __init__(self, channel_segments: list[int], kernel_size: int, bias: bool) -> None:
+        super().__init__()
+        per_rank = sum(divide(c, tp_size(), "conv channels") for c in channel_segments)
+        self.weight = nn.Parameter(torch.empty(per_rank, 1, kernel_size))
+        attach_segmented_loader(self.weight, channel_segments, dim=0)
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(per_rank))
+            attach_segmented_loader(self.bias, channel_segments, dim=0)
+
+
+class GroupedGatedRMSNorm(nn.Module):
+    """Mamba2 output norm: gate THEN normalise, per group of `group_size` channels, all in fp32:
+    `w * rmsnorm_group(x * silu(gate))`. x, gate: [T, C]; returns [T, C] in `out_dtype`."""
+
+    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        if dim % group_size:
+            raise ValueError(f"norm dim {dim} not a multiple of group size {group_size}")
+        self.group_size = group_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        num_tokens, dim = x.shape
+        h = x.float() * F.silu(gate.float())
+        h = h.view(num_tokens, dim // self.group_size, self.group_size)  # [T, G, C/G]
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h.view(num_tokens, dim)).to(out_dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """Reads these config fields (Nemotron-H names): hidden_size, mamba_num_heads,
+    mamba_head_dim, n_groups, ssm_state_size, conv_kernel, use_conv_bias, use_bias,
+    mamba_hidden_act, time_step_min, layer_norm_epsilon."""
+
+    def __init__(self, hf_config, state_layer_id: int) -> None:
+        super().__init__()
+        tp = tp_size()
+        self.state_layer_id = state_layer_id  # state-local id: indexes the state pool
+        act = getattr(hf_config, "mamba_hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"mamba_hidden_act={act!r} is not supported (supported: 'silu')")
+        total_heads, total_groups = hf_config.mamba_num_heads, hf_config.n_groups
+        self.num_heads = divide(total_heads, tp, "mamba_num_heads")
+        self.num_groups = divide(total_groups, tp, "n_groups")
+        if total_heads % total_groups:
+            raise ValueError(f"mamba_num_heads={total_heads} is not a multiple of n_groups={total_groups}")
+        self.head_dim = hf_config.mamba_head_dim
+        self.d_state = hf_config.ssm_state_size
+        self.inner = self.num_heads * self.head_dim  # this rank's H*P
+        self.bc_dim = self.num_groups * self.d_state  # this rank's G*N
+        full_inner, full_bc = total_heads * self.head_dim, total_groups * self.d_state
+        bias = bool(getattr(hf_config, "use_bias", False))
+        h = hf_config.hidden_size
+        self.in_proj = ColumnParallelLinear(h, [full_inner, full_inner, full_bc, full_bc, total_heads], bias=bias)
+        self.conv1d = SegmentedDepthwiseConv(
+            [full_inner, full_bc, full_bc], hf_config.conv_kernel, bool(getattr(hf_config, "use_conv_bias", True))
+        )
+        self.A_log = nn.Parameter(torch.empty(self.num_heads))
+        self.D = nn.Parameter(torch.empty(self.num_heads))
+        self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
+        for p in (self.A_log, self.D, self.dt_bias):
+            attach_segmented_loader(p, [total_heads], dim=0)
+        # the norm's groups are the SSM groups: G/tp of them on this rank, same group size
+        self.norm = GroupedGatedRMSNorm(self.inner, full_inner // total_groups, hf_config.layer_norm_epsilon)
+        attach_segmented_loader(self.norm.weight, [full_inner], dim=0)
+        self.out_proj = RowParallelLinear(full_inner, h, bias=bias)
+        # transformers' mixer clamps dt to (time_step_min, inf) in its chunked (prefill) path, not
+        # to config.time_step_limit; we apply the same clamp to every token, prefill and decode.
+        self.dt_limit = (float(getattr(hf_config, "time_step_min", 0.0)), float("inf"))
+
+    @staticmethod
+    def state_spec(hf_config, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> StateSpec:
+        tp = tp_size()
+        heads = divide(hf_config.mamba_num_heads, tp, "mamba_num_heads")
+        divide(hf_config.n_groups, tp, "n_groups")
+        conv_dim = hf_config.mamba_num_heads * hf_config.mamba_head_dim + 2 * hf_config.n_groups * hf_config.ssm_state_size
+        return StateSpec(
+            conv_dim=conv_dim // tp,
+            conv_width=hf_config.conv_kernel - 1,
+            ssm_shape=(heads, hf_config.mamba_head_dim, hf_config.ssm_state_size),
+            conv_dtype=dtype,
+            ssm_dtype=ssm_dtype,
+        )
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+        """hidden: [T, hidden] -> [T, hidden]. Reads and updates this layer's pooled state."""
+        num_tokens = hidden.shape[0]
+        pool = fb.state_pool
+        conv_states = pool.conv_states[self.state_layer_id]  # [S+1, conv_dim, K-1]
+        ssm_states = pool.ssm_states[self.state_layer_id]  # [S+1, H, P, N]
+        conv_dim = self.inner + 2 * self.bc_dim
+        z, xbc, dt = torch.split(self.in_proj(hidden), [self.inner, conv_dim, self.num_heads], dim=-1)
+        xbc = causal_conv1d_varlen_ref(
+            xbc, self.conv1d.weight[:, 0, :], self.conv1d.bias, conv_states, fb.state_slots_host, fb.cu_seqlens, "silu"
+        )  # [T, conv_dim]
+        x, B, C = torch.split(xbc, [self.inner, self.bc_dim, self.bc_dim], dim=-1)
+        y = selective_state_update_varlen_ref(
+            x.reshape(num_tokens, self.num_heads, self.head_dim),
+            dt,  # [T, H]
+            -torch.exp(self.A_log.float()),
+            B.reshape(num_tokens, self.num_groups, self.d_state),
+            C.reshape(num_tokens, self.num_groups, self.d_state),
+            self.D,
+            self.dt_bias,
+            ssm_states,
+            fb.state_slots_host,
+            fb.cu_seqlens,
+            dt_softplus=True,
+            dt_limit=self.dt_limit,
+            out_dtype=torch.float32,
+        )  # [T, H, P] fp32, as transformers' scan output
+        y = self.norm(y.reshape(num_tokens, self.inner), z, hidden.dtype)  # [T, H*P]
+        return self.out_proj(y)
