@@ -19,7 +19,11 @@ class EngineConfig:
     page_size: int = 16  # tokens per KV page
     cache_memory_bytes: int | None = None  # KV pages + state slots; default: see engine sizing
     gpu_memory_utilization: float = 0.85  # fraction of free GPU memory for the cache when not given
-    state_pool_fraction: float = 0.25  # share of the cache budget for state slots (capped at max_num_seqs)
+    state_pool_fraction: float = 0.25  # share of the cache budget for state slots (capped at what can be used)
+    num_kv_pages_override: int | None = None  # exact pool sizes instead of the budget split (tests, tuning)
+    num_state_slots_override: int | None = None
+    enable_prefix_cache: bool = True  # radix prefix cache with state checkpoints
+    state_checkpoint_interval: int = 256  # tokens between state checkpoints (a multiple of page_size)
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
 
     def __post_init__(self) -> None:
@@ -28,12 +32,17 @@ class EngineConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
-        for name in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
+                     "state_checkpoint_interval"):
             positive(name)
+        if self.state_checkpoint_interval % self.page_size:
+            raise ValueError(f"state_checkpoint_interval={self.state_checkpoint_interval} must be a multiple of "
+                             f"page_size={self.page_size}")
         if self.max_model_len is not None:
             positive("max_model_len")
-        if self.cache_memory_bytes is not None:
-            positive("cache_memory_bytes")
+        for name in ("cache_memory_bytes", "num_kv_pages_override", "num_state_slots_override"):
+            if getattr(self, name) is not None:
+                positive(name)
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not 0.0 <= self.state_pool_fraction <= 1.0:

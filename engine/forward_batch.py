@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..mem_cache import KVPagePool, RequestRowTable, StatePool
+from ..mem_cache import KVPool, RequestRowTable, StatePool
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ForwardBatch:
     state_slots_host: list[int]  # same, on the host (for the reference kernels)
     logits_indices: torch.Tensor  # [B] int64, last token of each batch row
     # --- pools (owned by the shard; referenced for the duration of the forward)
-    kv_pool: KVPagePool | None
+    kv_pool: KVPool | None
     state_pool: StatePool | None
     req_to_token: torch.Tensor  # [rows+1, max_context]
 
@@ -52,7 +52,7 @@ class ForwardBatch:
         prefix_lens: list[int],
         extend_lens: list[int],
         req_table: RequestRowTable,
-        kv_pool: KVPagePool | None,
+        kv_pool: KVPool | None,
         state_pool: StatePool | None,
     ) -> "ForwardBatch":
         if not (len(req_rows) == len(prefix_lens) == len(extend_lens)) or not req_rows:

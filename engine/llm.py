@@ -88,6 +88,10 @@ class LLM:
                     finished[req.request_id] = req
         return [self._output(rid, text, ids, [finished[s] for s in seqs]) for rid, text, ids, seqs in groups]
 
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached prefix that no running request uses."""
+        self.engine.reset_prefix_cache()
+
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None) -> RequestOutput:
         if self.tokenizer is None:
             raise ValueError("this model directory has no tokenizer, so no chat template")
@@ -102,4 +106,4 @@ class LLM:
                     for token_id, lp in entry.items():
                         lp.decoded_token = self.tokenizer.decode([token_id])
         return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs,
-                             finished=True, num_cached_tokens=seqs[0].num_cached_tokens)
+                             finished=True, num_cached_tokens=seqs[0].num_cached_tokens or 0)

@@ -1,41 +1,35 @@
-"""Runs one step's forward on this shard: plan -> ForwardBatch -> hidden -> logits."""
+"""The shard side of a step: apply the plan's cache ops to this shard's tables and pools,
+build the ForwardBatch, run the model, return the sampled rows' logits."""
 from __future__ import annotations
 
 import torch
 
-from ..mem_cache import CacheManager
+from ..mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from .forward_batch import ForwardBatch
-from .scheduler import ScheduledChunk
+from .step_plan import StepPlan
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: CacheManager, device: torch.device | str) -> None:
+    def __init__(self, model: torch.nn.Module, kv_pool: KVPool, state_pool: StatePool, req_table: RequestRowTable,
+                 device: torch.device | str) -> None:
         self.model = model
-        self.cache = cache
+        self.kv_pool = kv_pool
+        self.state_pool = state_pool
+        self.req_table = req_table
         self.device = torch.device(device)
 
-    def build_batch(self, plan: list[ScheduledChunk]) -> tuple[ForwardBatch, torch.Tensor]:
-        req_rows, prefix_lens, extend_lens, input_ids = [], [], [], []
-        for chunk in plan:
-            req = chunk.request
-            start = req.num_computed_tokens
-            req_rows.append(req.alloc.req_row)
-            prefix_lens.append(start)
-            extend_lens.append(chunk.num_tokens)
-            input_ids.extend(req.token_ids[start : start + chunk.num_tokens])
-        fb = ForwardBatch.build(
-            req_rows, prefix_lens, extend_lens, self.cache.req_table, self.cache.kv_pool, self.cache.state_pool
-        )
-        return fb, torch.tensor(input_ids, dtype=torch.long, device=self.device)
-
     @torch.inference_mode()
-    def run(self, plan: list[ScheduledChunk]) -> torch.Tensor:
-        """Returns fp32 logits [num_sampling_rows, V] for the chunks whose `samples` is true,
-        in plan order."""
-        fb, input_ids = self.build_batch(plan)
-        hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
-        rows = [b for b, chunk in enumerate(plan) if chunk.samples]
-        if not rows:
-            return hidden.new_empty(0, 0, dtype=torch.float32)
-        last = fb.logits_indices[torch.tensor(rows, device=fb.logits_indices.device)]
-        return self.model.compute_logits(hidden[last])  # [S, V]
+    def execute(self, plan: StepPlan) -> torch.Tensor | None:
+        """Returns fp32 logits [len(plan.sample_rows), V], or None when nothing samples."""
+        apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
+        logits = None
+        if plan.has_forward:
+            fb = ForwardBatch.build(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table,
+                                    self.kv_pool, self.state_pool)
+            input_ids = torch.tensor(plan.input_ids, dtype=torch.long, device=self.device)
+            hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
+            if plan.sample_rows:
+                rows = torch.tensor(plan.sample_rows, dtype=torch.long, device=self.device)
+                logits = self.model.compute_logits(hidden[fb.logits_indices[rows]])  # [S, V]
+        apply_cache_ops(plan.post_ops, self.req_table, self.state_pool)
+        return logits

@@ -34,7 +34,7 @@ class Request:
         self.output_token_ids: list[int] = []
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
-        self.num_cached_tokens = 0
+        self.num_cached_tokens: int | None = None  # prefix-cache hit at first admission
         self.status = RequestStatus.WAITING
         self.alloc: RequestAlloc | None = None
         self.finish_reason: str | None = None

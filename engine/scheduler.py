@@ -1,11 +1,14 @@
 """Continuous batching under a token budget: every step emits {request: num_tokens}.
 
 There are no prefill/decode phases: a request needs `num_tokens_to_compute` tokens (its
-whole prompt at first, one token once decoding). Each step:
-  1. running requests, oldest first, get min(needed, chunked_prefill_size, budget left);
-  2. waiting requests are admitted (FIFO) while the budget, `max_num_seqs` and the cache
-     allow, and get their first chunk.
-A request samples whenever its scheduled tokens reach the end of its tokens.
+prompt at first, one token once decoding). Each step:
+  1. running requests, oldest first, get min(needed, chunked_prefill_size, budget left),
+     cut so that a chunk ends on the next state-checkpoint position;
+  2. waiting requests are admitted (FIFO, reusing the longest cached prefix) while the
+     budget, `max_num_seqs`, rows, state slots and KV pages allow.
+When KV pages run out, the newest running requests are preempted: their holdings are
+released and they go back to the front of the queue, to be recomputed later (with the
+prefix cache's help). A request samples whenever its chunk reaches the end of its tokens.
 """
 from __future__ import annotations
 
@@ -32,8 +35,11 @@ class Scheduler:
     def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
         self.config = config
         self.cache = cache
+        self.interval = config.state_checkpoint_interval
+        self.page_size = config.page_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -41,34 +47,91 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # ----- chunking ----------------------------------------------------------------------
+    def _checkpoint_positions(self, req: Request) -> tuple[int, int]:
+        """(next multiple of the interval after what is computed, the prompt-end checkpoint:
+        the last page boundary before the prompt's last token)."""
+        done = req.num_computed_tokens
+        return (done // self.interval + 1) * self.interval, (req.prompt_len - 1) // self.page_size * self.page_size
+
+    def _chunk_len(self, req: Request, budget: int) -> int:
+        n = min(req.num_tokens_to_compute, self.config.chunked_prefill_size, budget)
+        if self.config.enable_prefix_cache:
+            done = req.num_computed_tokens
+            for target in self._checkpoint_positions(req):
+                if done < target < done + n:
+                    n = target - done
+        return n
+
+    def _is_checkpoint(self, req: Request, position: int) -> bool:
+        return position % self.interval == 0 or position in self._checkpoint_positions(req)
+
+    # ----- the step ----------------------------------------------------------------------
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.config.max_num_batched_tokens
-        chunk_cap = self.config.chunked_prefill_size
         plan: list[ScheduledChunk] = []
-        for req in self.running:
-            if budget == 0:
-                break
-            n = min(req.num_tokens_to_compute, chunk_cap, budget)
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._chunk_len(req, budget)
+            if not self._ensure_kv_or_preempt(req, n):
+                self._preempt(req)  # nothing newer left to preempt: it waits itself
+                continue
             plan.append(ScheduledChunk(req, n))
             budget -= n
+            i += 1
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            if not self.cache.can_admit(req.max_total_tokens):
-                break  # FIFO: the head waits for room (admission reserved KV, so room will come)
+            alloc = self.cache.admit(req.token_ids, len(req.token_ids))
+            if alloc is None:
+                break
+            req.alloc = alloc
+            req.num_computed_tokens = self.cache.num_cached_tokens(alloc)
+            if req.num_cached_tokens is None:
+                req.num_cached_tokens = req.num_computed_tokens
+            n = self._chunk_len(req, budget)
+            if not self.cache.ensure_kv(alloc, req.num_computed_tokens + n):
+                self.cache.release(alloc)
+                req.alloc = None
+                break
             self.waiting.popleft()
-            req.alloc = self.cache.admit(req.max_total_tokens)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            n = min(req.num_tokens_to_compute, chunk_cap, budget)
             plan.append(ScheduledChunk(req, n))
             budget -= n
         for chunk in plan:
-            req = chunk.request
-            self.cache.ensure_kv_slots(req.alloc, req.num_computed_tokens + chunk.num_tokens)
+            end = chunk.request.num_computed_tokens + chunk.num_tokens
+            if self.config.enable_prefix_cache and self._is_checkpoint(chunk.request, end):
+                self.cache.schedule_checkpoint(chunk.request.alloc, end)
         return plan
 
+    def _ensure_kv_or_preempt(self, req: Request, n: int) -> bool:
+        while not self.cache.ensure_kv(req.alloc, req.num_computed_tokens + n):
+            victim = self.running[-1]
+            if victim is req:
+                return False
+            self._preempt(victim)
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.cache.release(req.alloc)
+        req.alloc = None
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.WAITING
+        self.running.remove(req)
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def after_step(self, plan: list[ScheduledChunk]) -> None:
+        """The forward ran: advance progress and donate this step's checkpoints."""
+        for chunk in plan:
+            req = chunk.request
+            req.num_computed_tokens += chunk.num_tokens
+            if req.alloc.pending_checkpoint is not None:
+                self.cache.commit_checkpoint(req.alloc, req.token_ids)
+
     def finish(self, request: Request) -> None:
-        """Release a finished (or aborted) request's cache and drop it from the queues."""
+        """Release a finished (or aborted) request's holdings and drop it from the queues."""
         if request.alloc is not None:
             self.cache.release(request.alloc)
             request.alloc = None

@@ -1,10 +1,13 @@
-from .kv_pool import KVPagePool
-from .manager import CacheManager, RequestAlloc
+from .allocator import IdAllocator
+from .kv_pool import KVPool
+from .manager import CacheManager, CacheStats, RequestAlloc
+from .ops import CacheOps, apply_cache_ops
+from .radix_cache import RadixCache
 from .req_table import RequestRowTable
 from .sizing import PoolSizes, size_pools
 from .state_pool import StatePool, StateSpec
 
 __all__ = [
-    "CacheManager", "KVPagePool", "PoolSizes", "RequestAlloc", "RequestRowTable", "StatePool", "StateSpec",
-    "size_pools",
+    "CacheManager", "CacheOps", "CacheStats", "IdAllocator", "KVPool", "PoolSizes", "RadixCache", "RequestAlloc",
+    "RequestRowTable", "StatePool", "StateSpec", "apply_cache_ops", "size_pools",
 ]

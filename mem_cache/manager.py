@@ -1,118 +1,222 @@
-"""The cache-manager facade the scheduler talks to: request rows, state slots and KV pages.
+"""CacheManager: the host-side facade the scheduler talks to. It owns the id allocators
+(request rows, state slots, KV pages) and the radix prefix cache, and records the
+`CacheOps` every shard applies to its device tables and pools before/after the forward.
 
-Admission reserves every KV page a request may need (prompt + max_tokens), so a running
-request never runs out of KV mid-way; pages are taken lazily, as positions are scheduled.
+A request's holdings (`RequestAlloc`)::
+
+    pages       : KV page of each page-sized block of its positions, in order
+    [0, num_tree_pages)          owned by the radix tree (shared, protected by the lock)
+    [num_tree_pages, len(pages)) owned by the request (freed on release)
+    state_slot  : its own state slot (a prefix hit copies the checkpoint into it)
+    pending_checkpoint : (position, state slot) snapshot taken after this step's forward
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from .kv_pool import KVPagePool
-from .req_table import RequestRowTable
-from .state_pool import StatePool
+from .allocator import IdAllocator
+from .ops import CacheOps
+from .radix_cache import RadixCache, RadixNode
 
 
 @dataclass
 class RequestAlloc:
-    """What one running request holds. Namespaces: a request row, a state slot, KV pages."""
-
     req_row: int
     state_slot: int
-    max_total_tokens: int
-    kv_pages: list[int] = field(default_factory=list)
+    lock_node: RadixNode
+    pages: list[int] = field(default_factory=list)
+    num_tree_pages: int = 0
+    pending_checkpoint: tuple[int, int] | None = None
 
-    def num_reserved_pages(self, page_size: int) -> int:
-        return -(-self.max_total_tokens // page_size)
+
+@dataclass
+class CacheStats:
+    prefix_queries: int = 0
+    prefix_query_tokens: int = 0
+    kv_hit_tokens: int = 0  # longest KV prefix found (usable or not)
+    checkpoint_hit_tokens: int = 0  # prefix actually reused (ends at a state checkpoint)
+    evicted_pages: int = 0
+    evicted_checkpoints: int = 0
+    checkpoints_taken: int = 0
 
 
 class CacheManager:
-    def __init__(self, kv_pool: KVPagePool, state_pool: StatePool, req_table: RequestRowTable) -> None:
-        self.kv_pool = kv_pool
-        self.state_pool = state_pool
-        self.req_table = req_table
-        self.page_size = kv_pool.page_size
-        self._allocs: dict[int, RequestAlloc] = {}  # req_row -> alloc
-        self._pages_promised = 0  # reserved at admission but not yet taken
+    def __init__(self, num_pages: int, page_size: int, num_state_slots: int, num_rows: int, max_context: int,
+                 needs_state: bool = True, enable_prefix_cache: bool = True) -> None:
+        self.page_size = page_size
+        self.max_context = max_context
+        self.pages = IdAllocator(num_pages - 1, "KV pages")  # page 0 reserved
+        self.state_slots = IdAllocator(num_state_slots, "state slots")
+        self.rows = IdAllocator(num_rows, "request rows")
+        self.tree = RadixCache(page_size, needs_state)
+        self.enable_prefix_cache = enable_prefix_cache
+        self.stats = CacheStats()
+        self.pre_ops, self.post_ops = CacheOps(), CacheOps()
+        self._allocs: dict[int, RequestAlloc] = {}  # req_row -> holdings
 
-    # ----- admission -----------------------------------------------------------------
-    def can_admit(self, max_total_tokens: int) -> bool:
-        pages = -(-max_total_tokens // self.page_size)
-        return (
-            self.req_table.num_free_rows > 0
-            and self.state_pool.num_free_slots > 0
-            and self.kv_pool.num_free_pages - self._pages_promised >= pages
-        )
+    # ----- per-step ops ----------------------------------------------------------------
+    def take_ops(self) -> tuple[CacheOps, CacheOps]:
+        ops = (self.pre_ops, self.post_ops)
+        self.pre_ops, self.post_ops = CacheOps(), CacheOps()
+        return ops
 
-    def fits_ever(self, max_total_tokens: int) -> bool:
-        """Could a request of this size run with the pools empty?"""
-        if max_total_tokens > self.req_table.max_context:
-            return False
-        return -(-max_total_tokens // self.page_size) <= self.kv_pool.num_usable_pages
+    # ----- allocation with eviction ----------------------------------------------------
+    def _free_tree_items(self, pages: list[int], slots: list[int]) -> None:
+        self.pages.free(pages)
+        self.state_slots.free(slots)
+        self.stats.evicted_pages += len(pages)
+        self.stats.evicted_checkpoints += len(slots)
 
-    def admit(self, max_total_tokens: int) -> RequestAlloc:
-        if not self.can_admit(max_total_tokens):
-            raise MemoryError(f"cannot admit a request of {max_total_tokens} tokens now")
-        state_slot = self.state_pool.alloc()
-        req_row = self.req_table.alloc(state_slot)
-        alloc = RequestAlloc(req_row=req_row, state_slot=state_slot, max_total_tokens=max_total_tokens)
-        self._pages_promised += alloc.num_reserved_pages(self.page_size)
+    def _alloc_pages(self, count: int) -> list[int] | None:
+        if self.pages.num_free < count:
+            self._free_tree_items(*self.tree.evict_kv(count - self.pages.num_free))
+        return self.pages.alloc(count) if self.pages.num_free >= count else None
+
+    def _alloc_state_slot(self) -> int | None:
+        while self.state_slots.num_free == 0:
+            slots = self.tree.evict_state(1)
+            if slots:
+                self._free_tree_items([], slots)
+                continue
+            pages, slots = self.tree.evict_kv(1)  # a checkpoint on an unlocked leaf goes with its KV
+            if not pages:
+                return None
+            self._free_tree_items(pages, slots)
+        return self.state_slots.alloc()[0]
+
+    def available_pages(self) -> int:
+        return self.pages.num_free + self.tree.evictable_pages()
+
+    # ----- request lifecycle -----------------------------------------------------------
+    def admit(self, token_ids: list[int], num_prompt_tokens: int) -> RequestAlloc | None:
+        """Give a request a row and a state slot, reusing the longest usable cached prefix
+        (at most all but the last prompt token, which must be computed for its logits).
+        Returns None (and changes nothing) when no row or state slot can be had."""
+        if self.rows.num_free == 0:
+            return None
+        match = None
+        if self.enable_prefix_cache:
+            match = self.tree.match(token_ids, num_prompt_tokens - 1)
+            self.tree.lock(match.node)  # protect the match from the evictions below
+        state_slot = self._alloc_state_slot()
+        if state_slot is None:
+            if match is not None:
+                self.tree.unlock(match.node)
+            return None
+        req_row = self.rows.alloc()[0]
+        node = match.node if match is not None else self.tree.root
+        if match is None:
+            self.tree.lock(node)
+        alloc = RequestAlloc(req_row=req_row, state_slot=state_slot, lock_node=node)
+        self.pre_ops.set_row(req_row, state_slot)
+        if match is not None and match.num_tokens > 0:
+            alloc.pages = list(match.pages)
+            alloc.num_tree_pages = len(match.pages)
+            self.pre_ops.set_kv(req_row, 0, self._slots_of(match.pages))
+            if node.state_slot is not None:
+                self.pre_ops.copy(node.state_slot, state_slot)  # copy-on-write from the checkpoint
+            else:
+                self.pre_ops.reset(state_slot)
+        else:
+            self.pre_ops.reset(state_slot)
+        if match is not None:
+            self.stats.prefix_queries += 1
+            self.stats.prefix_query_tokens += num_prompt_tokens
+            self.stats.kv_hit_tokens += match.num_kv_tokens
+            self.stats.checkpoint_hit_tokens += match.num_tokens
         self._allocs[req_row] = alloc
         return alloc
+
+    def num_cached_tokens(self, alloc: RequestAlloc) -> int:
+        return alloc.num_tree_pages * self.page_size
+
+    def ensure_kv(self, alloc: RequestAlloc, seq_len: int) -> bool:
+        """Map positions [0, seq_len) of the request to KV slots; False if pages ran out."""
+        if seq_len > self.max_context:
+            raise ValueError(f"seq_len {seq_len} exceeds max_context {self.max_context}")
+        need = -(-seq_len // self.page_size) - len(alloc.pages)
+        if need <= 0:
+            return True
+        pages = self._alloc_pages(need)
+        if pages is None:
+            return False
+        self.pre_ops.set_kv(alloc.req_row, len(alloc.pages) * self.page_size, self._slots_of(pages))
+        alloc.pages.extend(pages)
+        return True
+
+    def schedule_checkpoint(self, alloc: RequestAlloc, position: int) -> None:
+        """After this step's forward, snapshot the request's state (which will then be the
+        state after `position` tokens) into a checkpoint slot. Skipped if no slot is free."""
+        if not self.enable_prefix_cache or position % self.page_size or alloc.pending_checkpoint is not None:
+            return
+        slot = self._alloc_state_slot()
+        if slot is None:
+            return
+        self.post_ops.copy(alloc.state_slot, slot)
+        alloc.pending_checkpoint = (position, slot)
+
+    def commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int]) -> None:
+        """The step ran: donate the pending snapshot and the KV before it to the tree."""
+        position, slot = alloc.pending_checkpoint
+        alloc.pending_checkpoint = None
+        num_pages = position // self.page_size
+        result = self.tree.insert(token_ids[:position], alloc.pages[:num_pages], slot)
+        self.stats.checkpoints_taken += 1
+        if result.duplicate_state_slot is not None:
+            self.state_slots.free([result.duplicate_state_slot])
+        for i, (mine, tree) in enumerate(zip(alloc.pages[:num_pages], result.pages)):
+            if mine != tree:  # the tree already had these tokens: use its page, free ours
+                if i < alloc.num_tree_pages:
+                    raise AssertionError(f"tree page {mine} of a locked prefix was replaced")
+                self.pages.free([mine])
+                alloc.pages[i] = tree
+                self.pre_ops.set_kv(alloc.req_row, i * self.page_size, self._slots_of([tree]))
+        alloc.num_tree_pages = max(alloc.num_tree_pages, num_pages)
+        self.tree.lock(result.node)
+        self.tree.unlock(alloc.lock_node)
+        alloc.lock_node = result.node
 
     def release(self, alloc: RequestAlloc) -> None:
         if self._allocs.pop(alloc.req_row, None) is not alloc:
             raise ValueError(f"request row {alloc.req_row} is not held")
-        self._pages_promised -= alloc.num_reserved_pages(self.page_size) - len(alloc.kv_pages)
-        self.kv_pool.free_pages(alloc.kv_pages)
-        alloc.kv_pages = []
-        self.req_table.free(alloc.req_row)
-        self.state_pool.free(alloc.state_slot)
+        if alloc.pending_checkpoint is not None:
+            self.state_slots.free([alloc.pending_checkpoint[1]])
+        self.tree.unlock(alloc.lock_node)
+        self.pages.free(alloc.pages[alloc.num_tree_pages:])
+        self.state_slots.free([alloc.state_slot])
+        self.rows.free([alloc.req_row])
+        self.pre_ops.set_row(alloc.req_row, 0)
 
-    # ----- per step ------------------------------------------------------------------
-    def ensure_kv_slots(self, alloc: RequestAlloc, seq_len: int) -> None:
-        """Make positions [0, seq_len) of the request map to KV slots (taking pages as needed)."""
-        if seq_len > alloc.max_total_tokens:
-            raise ValueError(f"seq_len {seq_len} exceeds the request's reservation {alloc.max_total_tokens}")
-        have = len(alloc.kv_pages)
-        need = -(-seq_len // self.page_size)
-        if need <= have:
-            return
-        pages = self.kv_pool.alloc_pages(need - have)
-        self._pages_promised -= len(pages)
-        alloc.kv_pages.extend(pages)
-        offsets = torch.arange(self.page_size)
-        kv_slots = (torch.tensor(pages)[:, None] * self.page_size + offsets[None, :]).flatten()
-        self.req_table.set_kv_slots(alloc.req_row, have * self.page_size, kv_slots)
+    def reset_prefix_cache(self) -> None:
+        """Drop everything the tree holds that no running request uses."""
+        self._free_tree_items(*self.tree.evict_kv(self.pages.num_ids + 1))
+        self._free_tree_items([], self.tree.evict_state(self.state_slots.num_ids + 1))
 
-    # ----- checks --------------------------------------------------------------------
+    def _slots_of(self, pages: list[int]) -> list[int]:
+        ps = self.page_size
+        return [p * ps + o for p in pages for o in range(ps)]
+
+    # ----- checks ----------------------------------------------------------------------
     @property
     def num_running(self) -> int:
         return len(self._allocs)
 
     def usage(self) -> dict[str, float]:
-        kv_used = self.kv_pool.num_usable_pages - self.kv_pool.num_free_pages
-        st_used = self.state_pool.num_slots - self.state_pool.num_free_slots
-        return {
-            "kv_cache_usage_ratio": kv_used / self.kv_pool.num_usable_pages,
-            "state_pool_usage_ratio": st_used / self.state_pool.num_slots,
-        }
+        return {"kv_cache_usage_ratio": self.pages.num_used / self.pages.num_ids,
+                "state_pool_usage_ratio": self.state_slots.num_used / self.state_slots.num_ids}
 
     def check_integrity(self) -> None:
-        """Every pool agrees with itself, and used == held by the running requests."""
+        """Every allocator and the tree agree with themselves, and used == held by the
+        running requests + the tree."""
         allocs = list(self._allocs.values())
-        self.kv_pool.check_integrity([p for a in allocs for p in a.kv_pages])
-        self.state_pool.check_integrity([a.state_slot for a in allocs])
-        self.req_table.check_integrity([a.req_row for a in allocs])
-        for a in allocs:
-            assert int(self.req_table.row_state_slot[a.req_row]) == a.state_slot, "row -> state slot map is stale"
-        promised = sum(a.num_reserved_pages(self.page_size) - len(a.kv_pages) for a in allocs)
-        assert promised == self._pages_promised, f"promised pages {self._pages_promised} != {promised}"
+        self.tree.check_integrity()
+        self.pages.check_integrity(self.tree.held_pages() + [p for a in allocs for p in a.pages[a.num_tree_pages:]])
+        pending = [a.pending_checkpoint[1] for a in allocs if a.pending_checkpoint is not None]
+        self.state_slots.check_integrity(self.tree.held_state_slots() + [a.state_slot for a in allocs] + pending)
+        self.rows.check_integrity([a.req_row for a in allocs])
+        assert self.tree.root.lock_ref == 1 + len(allocs), "radix locks do not match the running requests"
 
     def check_empty(self) -> None:
+        """No request holds anything (the prefix cache may still hold cached prefixes)."""
         self.check_integrity()
         assert not self._allocs, f"{len(self._allocs)} requests still hold cache"
-        assert self.kv_pool.num_free_pages == self.kv_pool.num_usable_pages
-        assert self.state_pool.num_free_slots == self.state_pool.num_slots
-        assert self.req_table.num_free_rows == self.req_table.num_rows

@@ -5,7 +5,7 @@ import torch
 
 from hf_reference import FAMILIES, build_reference
 from hybrid_serve.engine.forward_batch import ForwardBatch
-from hybrid_serve.mem_cache import KVPagePool, RequestRowTable, StatePool, StateSpec
+from hybrid_serve.mem_cache import KVPool, RequestRowTable, StatePool, StateSpec
 from hybrid_serve.models import load_model
 
 
@@ -15,7 +15,7 @@ def _pools(model, dtype=torch.float32):
     num_attn = model.layer_ids.num_attn_layers
     kv_pool = None
     if kv is not None and num_attn:
-        kv_pool = KVPagePool(12, 16, num_attn, kv.num_kv_heads, kv.head_dim, kv.v_head_dim, dtype, "cpu")
+        kv_pool = KVPool(12, 16, num_attn, kv.num_kv_heads, kv.head_dim, kv.v_head_dim, dtype, "cpu")
     state_pool = StatePool(4, max(model.layer_ids.num_state_layers, 1), spec, "cpu")
     return kv_pool, state_pool, RequestRowTable(2, 160, "cpu")
 
@@ -29,8 +29,8 @@ def test_prefill_logits_match_transformers(family, tmp_path):
     with torch.no_grad():
         ref_logits = ref(ids, use_cache=False).logits[0]
     kv_pool, state_pool, table = _pools(model)
-    slot = state_pool.alloc()
-    row = table.alloc(slot)
+    slot, row = 1, 1
+    table.set_state_slot(row, slot)
     table.set_kv_slots(row, 0, torch.arange(16, 16 + 160))
     chunks, logits = [(0, 7), (7, 30), (37, 8)], []
     with torch.no_grad():

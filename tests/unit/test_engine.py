@@ -22,8 +22,8 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 def test_decode_step_writes_only_mapped_state_slots(model_dir):
     llm = LLM(model=model_dir, dtype="float32", max_num_seqs=40)
-    cache = llm.engine.cache
-    pool, table = cache.state_pool, cache.req_table
+    runner = llm.engine.runner
+    pool, table = runner.state_pool, runner.req_table
     assert pool.num_slots >= 31
     pool.conv_states.fill_(0.125)
     pool.ssm_states.fill_(-0.25)
@@ -31,7 +31,7 @@ def test_decode_step_writes_only_mapped_state_slots(model_dir):
     table.row_state_slot[1], table.row_state_slot[2] = 23, 31  # request rows [1, 2] -> state slots [23, 31]
     table.set_kv_slots(1, 0, torch.arange(16, 32))
     table.set_kv_slots(2, 0, torch.arange(32, 48))
-    fb = ForwardBatch.build([1, 2], [5, 9], [1, 1], table, cache.kv_pool, pool)
+    fb = ForwardBatch.build([1, 2], [5, 9], [1, 1], table, runner.kv_pool, pool)
     assert fb.state_slots.tolist() == [23, 31]
     with torch.no_grad():
         llm.engine.model(torch.tensor([3, 4]), fb.positions, fb)

@@ -1,85 +1,87 @@
-"""KV page pool, state pool, request-row table, sizing and the cache-manager facade."""
+"""Id allocators, device pools, cache ops, sizing and the cache-manager facade."""
 import pytest
 import torch
 
 from hybrid_serve.mem_cache import (
-    CacheManager, KVPagePool, RequestRowTable, StatePool, StateSpec, size_pools,
+    CacheManager, CacheOps, IdAllocator, RequestRowTable, StatePool, StateSpec, apply_cache_ops, size_pools,
 )
 
 SPEC = StateSpec(conv_dim=6, conv_width=3, ssm_shape=(2, 4, 5), conv_dtype=torch.float32)
 
 
-def _manager(num_pages=9, page_size=4, num_slots=3, rows=3, max_context=32):
-    kv = KVPagePool(num_pages, page_size, 2, 2, 8, None, torch.float32, "cpu")
-    return CacheManager(kv, StatePool(num_slots, 2, SPEC, "cpu"), RequestRowTable(rows, max_context, "cpu"))
-
-
-def test_reserved_entries_are_never_handed_out():
-    pool = StatePool(4, 2, SPEC, "cpu")
-    slots = [pool.alloc() for _ in range(4)]
-    assert sorted(slots) == [1, 2, 3, 4]
+def test_id_zero_is_never_handed_out_and_double_free_raises():
+    ids = IdAllocator(4, "state slots")
+    got = ids.alloc(4)
+    assert sorted(got) == [1, 2, 3, 4]
     with pytest.raises(MemoryError):
-        pool.alloc()
-    kv = KVPagePool(5, 4, 1, 1, 4, None, torch.float32, "cpu")
-    assert sorted(kv.alloc_pages(4)) == [1, 2, 3, 4]
-    table = RequestRowTable(2, 8, "cpu")
-    assert sorted([table.alloc(1), table.alloc(2)]) == [1, 2]
-
-
-def test_double_free_and_reserved_free_raise():
-    pool = StatePool(2, 1, SPEC, "cpu")
-    slot = pool.alloc()
-    pool.free(slot)
+        ids.alloc()
+    ids.free([2])
+    with pytest.raises(ValueError, match="state slot 2"):
+        ids.free([2])
     with pytest.raises(ValueError):
-        pool.free(slot)
-    with pytest.raises(ValueError):
-        pool.free(0)
-    kv = KVPagePool(3, 4, 1, 1, 4, None, torch.float32, "cpu")
-    with pytest.raises(ValueError):
-        kv.free_pages([0])
+        ids.free([0])
+    ids.check_integrity(held=[1, 3, 4])
 
 
-def test_alloc_zeroes_the_slot_and_copy_moves_state_and_tag():
+def test_copy_moves_state_and_tag_in_every_layer_and_leaves_source():
     pool = StatePool(3, 2, SPEC, "cpu")
-    src, dst = pool.alloc(), pool.alloc()
+    src, dst = 1, 3
     pool.conv_states[:, src].normal_()
     pool.ssm_states[:, src].normal_()
     pool.layout_tag[src] = 1
     src_conv, src_ssm = pool.conv_states[:, src].clone(), pool.ssm_states[:, src].clone()
     pool.copy(src, dst)
-    assert torch.equal(pool.conv_states[:, dst], src_conv) and torch.equal(pool.ssm_states[:, dst], src_ssm)
+    for layer in range(2):
+        assert torch.equal(pool.conv_states[layer, dst], src_conv[layer])
+        assert torch.equal(pool.ssm_states[layer, dst], src_ssm[layer])
     assert int(pool.layout_tag[dst]) == 1
     pool.ssm_states[:, dst].add_(1.0)
-    assert torch.equal(pool.ssm_states[:, src], src_ssm)
-    pool.free(src)
-    again = pool.alloc()
-    assert again == src and pool.conv_states[:, again].abs().sum() == 0 and int(pool.layout_tag[again]) == 0
-
-
-def test_manager_reserves_kv_at_admission_and_releases_everything():
-    cache = _manager()
-    a = cache.admit(14)  # 4 pages reserved
-    assert cache.can_admit(16) and not cache.can_admit(17)
-    cache.ensure_kv_slots(a, 6)
-    assert len(a.kv_pages) == 2
-    row = cache.req_table.req_to_token[a.req_row]
-    assert row[:8].tolist() == [p * 4 + o for p in a.kv_pages for o in range(4)]
-    assert 0 not in row[:8].tolist()
-    b = cache.admit(16)
-    assert not cache.can_admit(1)  # every page promised
-    cache.check_integrity()
+    pool.conv_states[:, dst].add_(1.0)
+    assert torch.equal(pool.ssm_states[:, src], src_ssm) and torch.equal(pool.conv_states[:, src], src_conv)
+    pool.reset(dst)
+    assert pool.ssm_states[:, dst].abs().sum() == 0 and int(pool.layout_tag[dst]) == 0
     with pytest.raises(ValueError):
-        cache.ensure_kv_slots(a, 15)
+        pool.copy(0, 1)
+
+
+def test_cache_ops_apply_in_issue_order():
+    pool, table = StatePool(3, 1, SPEC, "cpu"), RequestRowTable(2, 16, "cpu")
+    pool.ssm_states[:, 1] = 7.0
+    ops = CacheOps()
+    ops.copy(1, 2)  # copy out before slot 1 is reused
+    ops.reset(1)
+    ops.set_row(2, 1)
+    ops.set_kv(2, 4, [40, 41])
+    apply_cache_ops(ops, table, pool)
+    assert (pool.ssm_states[:, 2] == 7.0).all() and (pool.ssm_states[:, 1] == 0).all()
+    assert int(table.row_state_slot[2]) == 1 and table.req_to_token[2, 4:6].tolist() == [40, 41]
+
+
+def test_manager_allocates_lazily_and_releases_everything():
+    cache = CacheManager(num_pages=9, page_size=4, num_state_slots=3, num_rows=3, max_context=32,
+                         enable_prefix_cache=False)
+    a = cache.admit(list(range(10)), 10)
+    assert cache.ensure_kv(a, 6) and len(a.pages) == 2
+    pre, _ = cache.take_ops()
+    kv_ops = [op for op in pre.ops if op[0] == "kv"]
+    assert kv_ops[0][3] == [p * 4 + o for p in a.pages for o in range(4)]
+    assert all(s >= 4 for s in kv_ops[0][3])  # page 0's KV slots are never handed out
+    b = cache.admit([1, 2], 2)
+    assert cache.ensure_kv(b, 24) and not cache.ensure_kv(a, 9)  # 8 usable pages: 2 + 6 taken
+    cache.check_integrity()
     cache.release(a)
     cache.release(b)
     cache.check_empty()
+    assert cache.pages.num_free == 8 and cache.state_slots.num_free == 3
 
 
 def test_sizing_errors_name_the_numbers():
     with pytest.raises(ValueError, match="max_model_len=4096"):
-        size_pools(10_000, 0.25, 1_000, 100, 16, 4096, 8)
+        size_pools(10_000, 0.25, 1_000, 100, 16, 4096, 1, 8)
     with pytest.raises(ValueError, match="state_pool_fraction=0.0"):
-        size_pools(10_000_000, 0.0, 1_000, 100, 16, 64, 8)
-    sizes = size_pools(1_000_000, 0.5, 1_000, 10_000, 16, 64, 8)
-    assert sizes.num_state_slots == 8  # capped at max_num_seqs; the rest goes to KV
+        size_pools(10_000_000, 0.0, 1_000, 100, 16, 64, 1, 8)
+    with pytest.raises(ValueError, match="3 state slots"):
+        size_pools(10_000_000, 0.5, 1_000, 10_000, 16, 64, 3, 1)
+    sizes = size_pools(1_000_000, 0.5, 1_000, 10_000, 16, 64, 1, 8)
+    assert sizes.num_state_slots == 8  # capped; the rest goes to KV
     assert sizes.num_kv_pages == (1_000_000 - 8 * 10_000) // 1_000

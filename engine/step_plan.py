@@ -1,0 +1,29 @@
+"""StepPlan: the one message a step sends to every shard (new requests travel as token ids
+within it; the host keeps everything else).
+
+    pre_ops   : cache ops applied before the forward (row maps, KV slots, resets, COW copies)
+    post_ops  : cache ops applied after the forward (state checkpoint snapshots)
+    req_rows / prefix_lens / extend_lens : one entry per batch row
+    input_ids : the batch's new tokens back to back (T = sum(extend_lens))
+    sample_rows : batch rows whose last token's logits are wanted
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..mem_cache import CacheOps
+
+
+@dataclass
+class StepPlan:
+    pre_ops: CacheOps = field(default_factory=CacheOps)
+    post_ops: CacheOps = field(default_factory=CacheOps)
+    req_rows: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    extend_lens: list[int] = field(default_factory=list)
+    input_ids: list[int] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+
+    @property
+    def has_forward(self) -> bool:
+        return bool(self.req_rows)

@@ -1,0 +1,232 @@
+"""Radix prefix cache over token ids, page-granular, with state checkpoints (host only).
+
+Each node's edge is a run of whole pages: `tokens` (a multiple of page_size) and the KV
+`pages` holding them. A node may also own a **state checkpoint**: a state slot holding the
+recurrent state after the last token of its edge. For a hybrid model a prefix is usable
+only up to the deepest matched node that holds a checkpoint (KV past it is useless without
+the state); for a pure-attention model any matched node will do.
+
+    root ──[p0 p1]── A ──[p2]── B(ckpt) ──[p3 p4]── C(ckpt)
+                       └─[p5]── D
+
+Contracts:
+  * `match` returns pages the caller must `lock` before the next `evict_*` call, or they
+    may be freed; `unlock` when the request is done with them.
+  * A node split never splits a state: the checkpoint stays with the lower half (it is the
+    state at the end of the original edge).
+  * Eviction is LRU, KV leaves and checkpoints separately, never touching a locked node;
+    only the nodes actually used by a match are refreshed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class RadixNode:
+    __slots__ = ("parent", "children", "tokens", "pages", "state_slot", "lock_ref", "last_access")
+
+    def __init__(self, parent: "RadixNode | None", tokens: list[int], pages: list[int]) -> None:
+        self.parent = parent
+        self.children: dict[tuple[int, ...], RadixNode] = {}
+        self.tokens = tokens
+        self.pages = pages
+        self.state_slot: int | None = None
+        self.lock_ref = 0
+        self.last_access = 0
+
+    def depth_tokens(self) -> int:
+        n, node = 0, self
+        while node is not None:
+            n += len(node.tokens)
+            node = node.parent
+        return n
+
+
+@dataclass
+class PrefixMatch:
+    node: RadixNode  # deepest usable node (root when nothing usable matched)
+    num_tokens: int  # usable prefix length
+    pages: list[int]  # KV pages of that prefix, in order
+    num_kv_tokens: int  # longest KV prefix matched, usable or not (for hit statistics)
+
+
+@dataclass
+class InsertResult:
+    node: RadixNode  # node ending at the inserted length
+    pages: list[int]  # the tree's pages for the whole inserted prefix (differs from the caller's
+    #                   where the tree already had those tokens: the caller frees its copies)
+    duplicate_state_slot: int | None  # caller's checkpoint if the node already had one
+
+
+class RadixCache:
+    def __init__(self, page_size: int, needs_state: bool) -> None:
+        self.page_size = page_size
+        self.needs_state = needs_state
+        self.root = RadixNode(None, [], [])
+        self.root.lock_ref = 1  # never evicted
+        self._clock = 0
+
+    # ----- helpers ---------------------------------------------------------------------
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _key(self, tokens: list[int], start: int) -> tuple[int, ...]:
+        return tuple(tokens[start : start + self.page_size])
+
+    def _common_pages(self, node: RadixNode, tokens: list[int], start: int) -> int:
+        """How many whole pages of node's edge equal tokens[start:]."""
+        ps, n = self.page_size, 0
+        while (n + 1) * ps <= len(node.tokens) and start + (n + 1) * ps <= len(tokens):
+            if node.tokens[n * ps : (n + 1) * ps] != tokens[start + n * ps : start + (n + 1) * ps]:
+                break
+            n += 1
+        return n
+
+    def _split(self, node: RadixNode, num_pages: int) -> RadixNode:
+        """Cut node's edge after `num_pages`; returns the new upper node. State stays below."""
+        cut = num_pages * self.page_size
+        upper = RadixNode(node.parent, node.tokens[:cut], node.pages[:num_pages])
+        upper.lock_ref, upper.last_access = node.lock_ref, node.last_access
+        node.parent.children[self._key(node.tokens, 0)] = upper
+        node.tokens, node.pages, node.parent = node.tokens[cut:], node.pages[num_pages:], upper
+        upper.children[self._key(node.tokens, 0)] = node
+        return upper
+
+    def _usable(self, node: RadixNode) -> bool:
+        return node is self.root or not self.needs_state or node.state_slot is not None
+
+    def _path_pages(self, node: RadixNode) -> list[int]:
+        chunks = []
+        while node is not None:
+            chunks.append(node.pages)
+            node = node.parent
+        return [p for chunk in reversed(chunks) for p in chunk]
+
+    # ----- queries ---------------------------------------------------------------------
+    def match(self, tokens: list[int], max_tokens: int) -> PrefixMatch:
+        """Longest usable cached prefix of tokens[:max_tokens] (whole nodes only)."""
+        tokens = tokens[:max_tokens]
+        node, pos = self.root, 0
+        best, best_pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(self._key(tokens, pos))
+            if child is None:
+                break
+            common = self._common_pages(child, tokens, pos)
+            if common * self.page_size < len(child.tokens):
+                pos += common * self.page_size  # partial edge: KV matched, no usable end
+                break
+            node, pos = child, pos + len(child.tokens)
+            if self._usable(node):
+                best, best_pos = node, pos
+        now = self._tick()
+        walk = best
+        while walk is not None:
+            walk.last_access = now
+            walk = walk.parent
+        return PrefixMatch(best, best_pos, self._path_pages(best), pos)
+
+    def insert(self, tokens: list[int], pages: list[int], state_slot: int | None) -> InsertResult:
+        """Insert a prefix (len(tokens) = len(pages) * page_size), optionally with the state
+        checkpoint at its end. Where the tree already had those tokens it keeps its own pages."""
+        if len(tokens) != len(pages) * self.page_size:
+            raise ValueError(f"{len(tokens)} tokens do not fill {len(pages)} pages of {self.page_size}")
+        node, pos = self.root, 0
+        now = self._tick()
+        while pos < len(tokens):
+            child = node.children.get(self._key(tokens, pos))
+            if child is None:
+                page0 = pos // self.page_size
+                child = RadixNode(node, tokens[pos:], pages[page0:])
+                node.children[self._key(tokens, pos)] = child
+                node, pos = child, len(tokens)
+                node.last_access = now
+                break
+            common = self._common_pages(child, tokens, pos)
+            if common * self.page_size < len(child.tokens):
+                child = self._split(child, common)
+            node, pos = child, pos + common * self.page_size
+            node.last_access = now
+        duplicate_state = None
+        if state_slot is not None:
+            if node.state_slot is None and node is not self.root:
+                node.state_slot = state_slot
+            else:
+                duplicate_state = state_slot
+        return InsertResult(node, self._path_pages(node), duplicate_state)
+
+    # ----- locks -----------------------------------------------------------------------
+    def lock(self, node: RadixNode) -> None:
+        while node is not None:
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not None:
+            if node.lock_ref <= 0:
+                raise ValueError("unlocking a radix node that is not locked")
+            node.lock_ref -= 1
+            node = node.parent
+
+    # ----- eviction --------------------------------------------------------------------
+    def _nodes(self) -> list[RadixNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def evict_kv(self, num_pages: int) -> tuple[list[int], list[int]]:
+        """Free unlocked leaves, least recently used first, until `num_pages` pages are freed
+        (or nothing evictable is left). Returns (pages, state slots) freed."""
+        freed_pages: list[int] = []
+        freed_slots: list[int] = []
+        leaves = [n for n in self._nodes() if not n.children and n.lock_ref == 0 and n is not self.root]
+        while len(freed_pages) < num_pages and leaves:
+            leaves.sort(key=lambda n: n.last_access)
+            leaf = leaves.pop(0)
+            freed_pages.extend(leaf.pages)
+            if leaf.state_slot is not None:
+                freed_slots.append(leaf.state_slot)
+            parent = leaf.parent
+            del parent.children[self._key(leaf.tokens, 0)]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                leaves.append(parent)
+        return freed_pages, freed_slots
+
+    def evict_state(self, num_slots: int) -> list[int]:
+        """Drop checkpoints of unlocked nodes, least recently used first. KV stays."""
+        holders = sorted((n for n in self._nodes() if n.state_slot is not None and n.lock_ref == 0),
+                         key=lambda n: n.last_access)
+        freed = []
+        for node in holders[:num_slots]:
+            freed.append(node.state_slot)
+            node.state_slot = None
+        return freed
+
+    # ----- accounting ------------------------------------------------------------------
+    def held_pages(self) -> list[int]:
+        return [p for n in self._nodes() for p in n.pages]
+
+    def held_state_slots(self) -> list[int]:
+        return [n.state_slot for n in self._nodes() if n.state_slot is not None]
+
+    def evictable_pages(self) -> int:
+        """Pages in subtrees with no lock (an upper bound on what evict_kv can free)."""
+        return sum(len(n.pages) for n in self._nodes() if n.lock_ref == 0)
+
+    def check_integrity(self) -> None:
+        pages = self.held_pages()
+        assert len(pages) == len(set(pages)), "a KV page appears twice in the radix tree"
+        assert 0 not in pages, "the reserved KV page 0 is in the radix tree"
+        for node in self._nodes():
+            if node is self.root:
+                continue
+            assert len(node.tokens) == len(node.pages) * self.page_size, "edge tokens do not fill its pages"
+            assert node.tokens, "empty non-root node"
+            assert node.parent.children.get(self._key(node.tokens, 0)) is node, "child key mismatch"
+            child_locks = sum(c.lock_ref for c in node.children.values())
+            assert node.lock_ref >= child_locks, "a node has fewer locks than its children"
+            assert node.lock_ref >= 0

@@ -1,0 +1,115 @@
+"""Radix prefix cache: unit cases and hypothesis state-machine runs of insert / match /
+lock / unlock / evict that keep `check_integrity()` true and never evict a locked node."""
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from hybrid_serve.mem_cache import IdAllocator, RadixCache
+
+PS = 2
+
+
+def test_match_stops_at_the_deepest_checkpoint_and_split_keeps_state_below():
+    tree = RadixCache(PS, needs_state=True)
+    tree.insert([1, 2, 3, 4, 5, 6], [10, 11, 12], state_slot=7)
+    assert tree.match([1, 2, 3, 4, 5, 6, 9], 7).num_tokens == 6
+    m = tree.match([1, 2, 3, 4, 8, 8], 6)  # diverges inside the edge: KV matched, no checkpoint
+    assert (m.num_tokens, m.num_kv_tokens) == (0, 4)
+    res = tree.insert([1, 2, 3, 4], [20, 21], state_slot=8)  # splits: the new upper node gets slot 8
+    assert res.pages == [10, 11] and res.duplicate_state_slot is None
+    lower = res.node.children[(5, 6)]
+    assert lower.state_slot == 7 and lower.pages == [12]
+    assert tree.match([1, 2, 3, 4, 5], 5).num_tokens == 4
+    tree.check_integrity()
+
+
+def test_pure_attention_matches_any_node_and_lock_blocks_eviction():
+    tree = RadixCache(PS, needs_state=False)
+    tree.insert([1, 2, 3, 4], [5, 6], None)
+    m = tree.match([1, 2, 3, 4, 9], 5)
+    assert m.num_tokens == 4 and m.pages == [5, 6]
+    tree.lock(m.node)
+    assert tree.evict_kv(10) == ([], [])
+    tree.unlock(m.node)
+    assert sorted(tree.evict_kv(10)[0]) == [5, 6]
+
+
+class RadixMachine(RuleBasedStateMachine):
+    """Random operations against a tree plus page/slot allocators, as the cache manager uses them."""
+
+    @initialize()
+    def setup(self):
+        self.tree = RadixCache(PS, needs_state=True)
+        self.pages = IdAllocator(64, "KV pages")
+        self.slots = IdAllocator(16, "state slots")
+        self.locks = []  # nodes we hold a lock on (with multiplicity)
+
+    seqs = st.lists(st.integers(0, 2), min_size=PS, max_size=10).map(lambda s: s[: len(s) // PS * PS])
+    inserted = Bundle("inserted")
+
+    @rule(target=inserted, tokens=seqs, with_state=st.booleans())
+    def insert(self, tokens, with_state):
+        num = len(tokens) // PS
+        if num == 0 or self.pages.num_free < num or (with_state and self.slots.num_free == 0):
+            return tokens
+        pages = self.pages.alloc(num)
+        slot = self.slots.alloc()[0] if with_state else None
+        res = self.tree.insert(tokens, pages, slot)
+        self.pages.free([p for p, t in zip(pages, res.pages) if p != t])  # ours duplicated the tree's
+        if res.duplicate_state_slot is not None:
+            self.slots.free([res.duplicate_state_slot])
+        assert res.node.depth_tokens() == len(tokens)
+        return tokens
+
+    @rule(tokens=inserted, extra=seqs, cut=st.integers(0, 10), lock=st.booleans())
+    def match_known(self, tokens, extra, cut, lock):
+        self.match(tokens[: max(len(tokens) - cut, 0)] + extra, lock)
+
+    @rule(tokens=seqs, lock=st.booleans())
+    def match(self, tokens, lock):
+        m = self.tree.match(tokens, len(tokens))
+        assert m.num_tokens <= m.num_kv_tokens <= len(tokens)
+        assert len(m.pages) * PS == m.num_tokens
+        if m.node is not self.tree.root:
+            assert m.node.state_slot is not None
+        if lock:
+            self.tree.lock(m.node)
+            self.locks.append((m.node, set(m.pages), m.node.state_slot))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 100))
+    def unlock(self, i):
+        node, _, _ = self.locks.pop(i % len(self.locks))
+        self.tree.unlock(node)
+
+    @rule(n=st.integers(1, 8))
+    def evict_kv(self, n):
+        pages, slots = self.tree.evict_kv(n)
+        for _, locked_pages, locked_slot in self.locks:
+            assert not locked_pages & set(pages), "evicted a locked page"
+        self.pages.free(pages)
+        self.slots.free(slots)
+
+    @rule(n=st.integers(1, 4))
+    def evict_state(self, n):
+        slots = self.tree.evict_state(n)
+        assert not {s for _, _, s in self.locks} & set(slots), "evicted a locked checkpoint"
+        self.slots.free(slots)
+
+    @invariant()
+    def consistent(self):
+        self.tree.check_integrity()
+        self.pages.check_integrity(self.tree.held_pages())
+        self.slots.check_integrity(self.tree.held_state_slots())
+        assert self.tree.root.lock_ref == 1 + len(self.locks)
+
+
+RadixMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+test_radix_state_machine = RadixMachine.TestCase
+
+
+@pytest.mark.parametrize("bad", [[1], [1, 2, 3]])
+def test_insert_rejects_partial_pages(bad):
+    with pytest.raises(ValueError):
+        RadixCache(PS, True).insert(bad, [], None)
