@@ -1,4 +1,4 @@
-"""LLMEngine: one replica's loop, `schedule -> run -> postprocess`, on one shard (tp=1).
+"""LLMEngine: one replica's loop, `schedule -> run on every shard -> sample and postprocess`.
 
     engine.add_request(request_id, prompt_token_ids, params)   # validates; ValueError on bad input
     while engine.has_unfinished(): outputs = engine.step()     # RequestOutput of each request touched
@@ -9,93 +9,52 @@ import random
 
 import torch
 
-from ..mem_cache import CacheManager, KVPool, RequestRowTable, StatePool, StateSpec
+from ..mem_cache import CacheManager
 from ..mem_cache.sizing import PoolSizes, check_pool_sizes, size_pools
-from ..models import load_model
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .model_runner import ModelRunner
 from .outputs import CompletionOutput
 from .request import Request
 from .sampler import sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
+from .shard import CacheLayout, PoolSetup, Shard
 from .step_plan import StepPlan
-
-CPU_DEFAULT_CACHE_BYTES = 512 * 1024**2
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, tokenizer=None) -> None:
+    """Rank 0 of a replica: the scheduler, cache bookkeeping and sampling, plus its own Shard.
+
+    With tensor parallelism, `channel` carries PoolSetup and every StepPlan to the other
+    ranks (one broadcast per step, no RPC per rank); they execute the same plan on their
+    shards, and rank 0 samples from the gathered logits.
+    """
+
+    def __init__(self, config: EngineConfig, tokenizer=None, channel=None) -> None:
         self.config = config
         self.device = torch.device(config.device)
-        self.model, self.hf_config, self.dtype = load_model(
-            config.model, config.dtype, self.device, config.load_format, seed=config.seed
-        )
+        self.shard = Shard(config)
+        self.model, self.hf_config, self.dtype = self.shard.model, self.shard.hf_config, self.shard.dtype
         self.tokenizer = tokenizer
+        self.channel = channel
         self.eos_token_ids = _eos_token_ids(config.model, self.hf_config, tokenizer)
-        self.cache, self.runner, self.max_model_len = self._build_cache()
+        layout = self.shard.cache_layout()
+        setup, ckpts = plan_pools(config, layout, self.shard.default_budget(), self.hf_config)
+        self.max_model_len = setup.max_model_len
+        if channel is not None:
+            channel.send(setup)
+        self.shard.build_pools(setup)
+        self.runner = self.shard.runner
+        self.cache = CacheManager(setup.sizes.num_kv_pages, config.page_size, setup.sizes.num_state_slots,
+                                  config.max_num_seqs, setup.max_model_len, needs_state=layout.num_state_layers > 0,
+                                  enable_prefix_cache=config.enable_prefix_cache)
         self.scheduler = Scheduler(config, self.cache)
         self._seed_rng = random.Random(config.seed)
-
-    # ----- set-up ----------------------------------------------------------------------
-    def _build_cache(self) -> tuple[CacheManager, ModelRunner, int]:
-        """Size the pools from one budget; build the host bookkeeping and this shard's pools."""
-        cfg, model = self.config, self.model
-        kv = model.kv_spec()
-        num_attn, num_state = model.layer_ids.num_attn_layers, model.layer_ids.num_state_layers
-        spec = model.state_spec(self.dtype) if num_state else None
-        spec = spec or StateSpec(conv_dim=1, conv_width=1, ssm_shape=None, conv_dtype=self.dtype)
-        page_bytes = 0
-        if num_attn:
-            page_bytes = KVPool.bytes_per_page(cfg.page_size, num_attn, kv.num_kv_heads, kv.head_dim,
-                                               kv.v_head_dim, self.dtype)
-        slot_bytes = spec.bytes_per_slot(num_state) if num_state else 0
-        budget = cfg.cache_memory_bytes or self._default_budget()
-        model_max = int(getattr(self.hf_config, "max_position_embeddings", 0) or 1 << 20)
-        max_model_len = cfg.max_model_len
-        if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
-            state_part = min(int(budget * cfg.state_pool_fraction), cfg.max_num_seqs * slot_bytes)
-            kv_tokens = (budget - state_part) // page_bytes * cfg.page_size - cfg.page_size if page_bytes else model_max
-            max_model_len = max(1, min(model_max, kv_tokens))
-        ckpts = max_model_len // cfg.state_checkpoint_interval + 1 if cfg.enable_prefix_cache and num_state else 0
-        if cfg.num_kv_pages_override or cfg.num_state_slots_override:  # exact sizes instead of the budget
-            sizes = check_pool_sizes(
-                PoolSizes(cfg.num_kv_pages_override or 1 + cfg.max_num_seqs * -(-max_model_len // cfg.page_size),
-                          cfg.num_state_slots_override or cfg.max_num_seqs * (1 + ckpts)),
-                cfg.page_size, max_model_len, min_state_slots=1 + ckpts)
-        else:
-            sizes = size_pools(budget, cfg.state_pool_fraction, page_bytes, slot_bytes, cfg.page_size,
-                               max_model_len, min_state_slots=1 + ckpts, max_state_slots=cfg.max_num_seqs * (1 + ckpts))
-        cache = CacheManager(sizes.num_kv_pages, cfg.page_size, sizes.num_state_slots, cfg.max_num_seqs,
-                             max_model_len, needs_state=num_state > 0, enable_prefix_cache=cfg.enable_prefix_cache)
-        kv_pool = KVPool(sizes.num_kv_pages, cfg.page_size, max(num_attn, 1), kv.num_kv_heads if kv else 1,
-                         kv.head_dim if kv else 1, kv.v_head_dim if kv else 1, self.dtype, self.device)
-        state_pool = StatePool(sizes.num_state_slots, max(num_state, 1), spec, self.device)
-        table = RequestRowTable(cfg.max_num_seqs, max_model_len, self.device)
-        return cache, ModelRunner(self.model, kv_pool, state_pool, table, self.device), max_model_len
-
-    def _default_budget(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * self.config.gpu_memory_utilization)
-        return CPU_DEFAULT_CACHE_BYTES
 
     # ----- requests ----------------------------------------------------------------------
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError naming the problem; changes nothing."""
-        if not prompt_token_ids:
-            raise ValueError("prompt is empty")
-        vocab = self.hf_config.vocab_size
-        bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        total = len(prompt_token_ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} = {total} "
-                f"exceeds the context length max_model_len={self.max_model_len}"
-            )
+        validate_prompt(prompt_token_ids, params, self.hf_config.vocab_size, self.max_model_len)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[str]:
         """Queue a prompt; with n > 1, one sequence per sample (ids `request_id`, `request_id#1`, ...).
@@ -127,7 +86,9 @@ class LLMEngine:
         requests that produced a token (finished ones included)."""
         chunks = self.scheduler.schedule()
         plan = self._plan(chunks)
-        logits = self.runner.execute(plan)
+        if self.channel is not None:
+            self.channel.send(plan)
+        logits = self.shard.execute(plan)
         sampling = [c.request for c in chunks if c.samples]
         tokens = sample(logits, sampling) if sampling else []
         self.scheduler.after_step(chunks)
@@ -154,7 +115,65 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.cache.reset_prefix_cache()
-        self.runner.execute(self._plan([]))  # apply any pending ops
+        plan = self._plan([])  # carries the pending cache ops
+        if self.channel is not None:
+            self.channel.send(plan)
+        self.shard.execute(plan)
+
+
+def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
+    """Raises ValueError naming the problem with a prompt (empty, unknown ids, too long)."""
+    if not prompt_token_ids:
+        raise ValueError("prompt is empty")
+    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    total = len(prompt_token_ids) + params.max_tokens
+    if total > max_model_len:
+        raise ValueError(f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} = {total} "
+                         f"exceeds the context length max_model_len={max_model_len}")
+
+
+def plan_pools(cfg: EngineConfig, layout: CacheLayout, default_budget: int, hf_config) -> tuple[PoolSetup, int]:
+    """Pool sizes and max_model_len from one budget (or the explicit overrides); returns the
+    setup and the number of prefix-cache checkpoints one request may hold."""
+    page_bytes, slot_bytes = layout.kv_bytes_per_page, layout.state_bytes_per_slot
+    budget = cfg.cache_memory_bytes or default_budget
+    model_max = int(getattr(hf_config, "max_position_embeddings", 0) or 1 << 20)
+    max_model_len = cfg.max_model_len
+    if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
+        state_part = min(int(budget * cfg.state_pool_fraction), cfg.max_num_seqs * slot_bytes)
+        kv_tokens = (budget - state_part) // page_bytes * cfg.page_size - cfg.page_size if page_bytes else model_max
+        max_model_len = max(1, min(model_max, kv_tokens))
+    ckpts = max_model_len // cfg.state_checkpoint_interval + 1 if cfg.enable_prefix_cache and layout.num_state_layers else 0
+    if cfg.num_kv_pages_override or cfg.num_state_slots_override:  # exact sizes instead of the budget
+        sizes = check_pool_sizes(
+            PoolSizes(cfg.num_kv_pages_override or 1 + cfg.max_num_seqs * -(-max_model_len // cfg.page_size),
+                      cfg.num_state_slots_override or cfg.max_num_seqs * (1 + ckpts)),
+            cfg.page_size, max_model_len, min_state_slots=1 + ckpts)
+    else:
+        sizes = size_pools(budget, cfg.state_pool_fraction, page_bytes, slot_bytes, cfg.page_size, max_model_len,
+                           min_state_slots=1 + ckpts, max_state_slots=cfg.max_num_seqs * (1 + ckpts))
+    return PoolSetup(sizes, max_model_len), ckpts
+
+
+def run_batch(engine: LLMEngine, items: list[tuple[str, list[int], SamplingParams]],
+              finished: dict | None = None) -> dict[str, dict]:
+    """Run requests (request_id, prompt ids, params) to completion. Returns request_id ->
+    {"outputs": [CompletionOutput per sample], "num_cached_tokens": int}. `finished` (seq id ->
+    Request) fills as sequences end, so a caller can tell what completed if a step raises."""
+    finished = {} if finished is None else finished
+    seqs = {rid: engine.add_request(rid, ids, p) for rid, ids, p in items}
+    while engine.has_unfinished():
+        for req in engine.step():
+            if req.finished:
+                finished[req.request_id] = req
+    return {rid: batch_result([finished[s] for s in ss]) for rid, ss in seqs.items()}
+
+
+def batch_result(reqs: list[Request]) -> dict:
+    return {"outputs": [completion_of(r, i) for i, r in enumerate(reqs)],
+            "num_cached_tokens": reqs[0].num_cached_tokens or 0}
 
 
 def completion_of(req: Request, index: int) -> CompletionOutput:

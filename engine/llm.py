@@ -14,8 +14,8 @@ import os
 from typing import Sequence, Union
 
 from .config import EngineConfig
-from .engine import LLMEngine, completion_of
-from .outputs import RequestOutput
+from .engine import LLMEngine, run_batch, validate_prompt
+from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 
 PromptType = Union[str, Sequence[int]]
@@ -33,7 +33,12 @@ def load_tokenizer(path: str | None):
 
 
 class LLM:
-    def __init__(self, model: str | None = None, tokenizer: str | None = None, **engine_args) -> None:
+    """`tp_size` > 1 or `num_replicas` > 1 run the replicas as Ray actors (one per TP rank),
+    starting a local Ray instance unless RAY_ADDRESS names a cluster; otherwise the engine
+    runs in this process."""
+
+    def __init__(self, model: str | None = None, tokenizer: str | None = None, tp_size: int = 1,
+                 num_replicas: int = 1, **engine_args) -> None:
         if model is None:
             from ..demo import DEMO_DIR, DEMO_SEED
 
@@ -42,8 +47,23 @@ class LLM:
             engine_args.setdefault("seed", DEMO_SEED)
         self.config = EngineConfig(model=model, tokenizer=tokenizer, **engine_args)
         self.tokenizer = load_tokenizer(tokenizer or model)
-        self.engine = LLMEngine(self.config, self.tokenizer)
+        self.engine: LLMEngine | None = None
+        self.replicas = None
+        if tp_size == 1 and num_replicas == 1:
+            self.engine = LLMEngine(self.config, self.tokenizer)
+            self._limits = {"max_model_len": self.engine.max_model_len,
+                            "vocab_size": self.engine.hf_config.vocab_size}
+        else:
+            from ..actors.offline import ReplicaSet  # Ray only when asked for
+
+            self.replicas = ReplicaSet(self.config, tp_size, num_replicas)
+            self._limits = self.replicas.limits
         self._counter = 0
+
+    def shutdown(self) -> None:
+        if self.replicas is not None:
+            self.replicas.shutdown()
+            self.replicas = None
 
     # ----- prompts ---------------------------------------------------------------------
     def _token_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -75,22 +95,18 @@ class LLM:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
         encoded = [self._token_ids(p) for p in prompts]
         for (_, ids), p in zip(encoded, params_list):
-            self.engine.validate_prompt(ids, p)
-        groups = []
-        for (text, ids), p in zip(encoded, params_list):
-            request_id = str(self._counter)
+            validate_prompt(ids, p, self._limits["vocab_size"], self._limits["max_model_len"])
+        items = []
+        for (_, ids), p in zip(encoded, params_list):
+            items.append((str(self._counter), ids, p))
             self._counter += 1
-            groups.append((request_id, text, ids, self.engine.add_request(request_id, ids, p)))
-        finished = {}
-        while self.engine.has_unfinished():
-            for req in self.engine.step():
-                if req.finished:
-                    finished[req.request_id] = req
-        return [self._output(rid, text, ids, [finished[s] for s in seqs]) for rid, text, ids, seqs in groups]
+        results = run_batch(self.engine, items) if self.engine is not None else self.replicas.generate(items)
+        return [self._output(rid, text, ids, results[rid]) for (rid, ids, _), (text, _) in zip(items, encoded)]
 
     def reset_prefix_cache(self) -> None:
-        """Drop every cached prefix that no running request uses."""
-        self.engine.reset_prefix_cache()
+        """Drop every cached prefix that no running request uses (in-process engine)."""
+        if self.engine is not None:
+            self.engine.reset_prefix_cache()
 
     def chat(self, messages: list[dict], sampling_params: SamplingParams | None = None) -> RequestOutput:
         if self.tokenizer is None:
@@ -98,12 +114,16 @@ class LLM:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.generate([text], sampling_params)[0]
 
-    def _output(self, request_id: str, text: str | None, ids: list[int], seqs) -> RequestOutput:
-        outputs = [completion_of(req, i) for i, req in enumerate(seqs)]
+    def _output(self, request_id: str, text: str | None, ids: list[int], result: dict) -> RequestOutput:
+        if "error" in result:
+            return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, finished=True,
+                                 outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error")],
+                                 error=result["error"])
+        outputs = result["outputs"]
         if self.tokenizer is not None:
             for out in outputs:
                 for entry in out.logprobs or []:
                     for token_id, lp in entry.items():
                         lp.decoded_token = self.tokenizer.decode([token_id])
         return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs,
-                             finished=True, num_cached_tokens=seqs[0].num_cached_tokens or 0)
+                             finished=True, num_cached_tokens=result["num_cached_tokens"])

@@ -3,4 +3,19 @@
 Each folder has `ref.py` (plain torch: the executable spec and the CPU path) and, where
 a GPU kernel exists, the Triton kernel behind one public function. This package imports
 nothing from the rest of hybrid_serve.
+
+    causal_conv1d   causal_conv1d_varlen            conv window in the state pool (+ verify scratch)
+    gated_delta     gated_delta_rule_recurrent      GDN state in the pool (+ verify scratch)
+    mamba_ssm       selective_state_update_varlen   Mamba2 state in the pool (+ verify scratch)
+    attention       store_kv, paged_attention       mixed decode / prefill batch, GQA, split-KV
+    norm            rms_norm, gated_rms_norm, grouped_gated_rms_norm
+    rotary          rotary_neox
+    state_ops       commit_verified_state, copy_state_slots
+    sampling        sample_tokens, masked_logits    per-row params and seeds, no host sync
+    moe             moe_topk_softmax, fused_moe
+
+Index data goes in as device tensors (`state_slots`, `cu_seqlens`, ...): launchers never
+sync with the host, except for the index-range checks, which run on CPU tensors or with
+HYBRID_SERVE_KERNEL_CHECKS=1 (see _common.py). Triton kernels run on CUDA tensors, or on
+CPU tensors when TRITON_INTERPRET=1 is set before these modules are imported.
 """

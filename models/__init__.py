@@ -1,4 +1,4 @@
-from .loader import load_hf_config, load_model
+from .loader import check_tp_size, load_hf_config, load_model
 from .registry import supported_architectures
 
-__all__ = ["load_hf_config", "load_model", "supported_architectures"]
+__all__ = ["check_tp_size", "load_hf_config", "load_model", "supported_architectures"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Iterator
 
 import torch
@@ -82,12 +83,52 @@ def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[
     bar.close()
 
 
-def init_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
-    """Random weights of the real shapes: N(0, 0.02) for matrices, small values for vectors."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    for _, param in sorted(model.named_parameters()):
-        values = torch.randn(param.shape, generator=gen) * (0.02 if param.dim() > 1 else 0.1)
-        param.data.copy_(values.to(param.dtype))
+def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, torch.Tensor]]:
+    """Random full-size weights, as a checkpoint would hold them: each tensor drawn from its own
+    generator seeded by (seed, name), so every TP rank slices the same model. N(0, 0.02) for
+    matrices, N(0, 0.1) for vectors."""
+    from .layers import parallel
+
+    saved = (parallel.tp_rank(), parallel.tp_size(), parallel._TP.group)
+    parallel.set_tp_group(0, 1, None)  # the full model's names and shapes
+    try:
+        with torch.device("meta"):
+            full = cls(hf_config)
+        full.tie_weights()
+    finally:
+        parallel.set_tp_group(*saved)
+    device = torch.device(device)
+    for name, param in full.named_parameters():
+        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        std = 0.02 if param.dim() > 1 else 0.1
+        yield name, torch.randn(param.shape, generator=gen, device=device) * std
+
+
+# config fields whose heads/groups are split across tensor-parallel ranks
+_TP_SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads", "linear_num_value_heads",
+                    "mamba_num_heads", "n_groups", "intermediate_size")
+
+
+def check_tp_size(model_dir: str, tp_size: int) -> None:
+    """Raise ValueError (naming the numbers) if tp_size does not divide the model's heads,
+    experts or vocabulary shards; builds the model on the meta device, nothing is loaded."""
+    from .layers import parallel
+
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+    hf_config = load_hf_config(model_dir)
+    for attr in _TP_SPLIT_FIELDS:
+        value = getattr(hf_config, attr, None)
+        if isinstance(value, int) and value % tp_size:
+            raise ValueError(f"tp_size={tp_size} does not divide the model's {attr}={value}")
+    cls = model_class(resolve_architecture(hf_config))
+    saved = (parallel.tp_rank(), parallel.tp_size(), parallel._TP.group)
+    parallel.set_tp_group(0, tp_size, None)
+    try:
+        with torch.device("meta"):
+            cls(hf_config)
+    finally:
+        parallel.set_tp_group(*saved)
 
 
 def load_model(
@@ -110,10 +151,10 @@ def load_model(
     finally:
         torch.set_default_dtype(prev)
     model.tie_weights()
-    if load_format == "dummy":
-        init_dummy_weights(model, seed)
-    elif load_format in ("auto", "safetensors"):
-        loaded = model.load_weights(iterate_checkpoint(model_dir, progress))
+    if load_format in ("auto", "safetensors", "dummy"):
+        weights = (dummy_checkpoint(cls, hf_config, seed, device) if load_format == "dummy"
+                   else iterate_checkpoint(model_dir, progress))
+        loaded = model.load_weights(weights)
         missing = sorted(set(dict(model.named_parameters())) - loaded)
         if missing:
             params = dict(model.named_parameters())

@@ -1,3 +1,10 @@
+from .._common import HAS_TRITON, missing_triton
 from .ref import paged_attention_ref, store_kv_ref
 
-__all__ = ["paged_attention_ref", "store_kv_ref"]
+if HAS_TRITON:
+    from .triton_paged import paged_attention, store_kv
+else:
+    paged_attention = missing_triton("paged_attention")
+    store_kv = missing_triton("store_kv")
+
+__all__ = ["paged_attention", "paged_attention_ref", "store_kv", "store_kv_ref"]

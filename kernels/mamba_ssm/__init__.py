@@ -1,3 +1,9 @@
+from .._common import HAS_TRITON, missing_triton
 from .ref import selective_state_update_varlen_ref
 
-__all__ = ["selective_state_update_varlen_ref"]
+if HAS_TRITON:
+    from .triton_ssm import selective_state_update_varlen
+else:
+    selective_state_update_varlen = missing_triton("selective_state_update_varlen")
+
+__all__ = ["selective_state_update_varlen", "selective_state_update_varlen_ref"]

@@ -1,0 +1,132 @@
+"""A replica: one tensor-parallel group. Rank 0 runs in the calling process (the engine:
+scheduler, cache bookkeeping, sampling, shard 0); ranks 1.. are ShardWorker actors placed in
+the replica's placement group (the current one under Ray Serve, or one made here).
+
+    engine = build_replica_engine(config, tokenizer, tp_size=2)   # an LLMEngine, TP behind it
+    ReplicaActor.remote(config, tp_size) -> .generate(items) for the offline API
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+import ray
+import torch
+from ray.util import get_current_placement_group
+
+from ..cluster.placement import in_bundle
+from ..cluster.process_group import PlanChannel, free_port, init_tp_group, leave_tp_group
+from ..engine.config import EngineConfig
+from ..engine.engine import LLMEngine, batch_result, run_batch
+from ..engine.llm import load_tokenizer
+from .shard_worker import STOP, ShardWorkerActor
+
+
+class ReplicaEngine:
+    """Owns the ShardWorkers of one replica and the rank-0 LLMEngine that drives them."""
+
+    def __init__(self, config: EngineConfig, tokenizer=None, tp_size: int = 1, placement_group=None) -> None:
+        self.config = config
+        self.tp_size = tp_size
+        self.workers = []
+        self._serve_refs = []
+        channel = None
+        if tp_size > 1:
+            pg = placement_group or get_current_placement_group()
+            use_gpu = config.device.startswith("cuda")
+            options = {"num_cpus": 1 if pg else 0, "num_gpus": 1 if use_gpu else 0}
+            self.workers = [
+                ShardWorkerActor.options(**options, **({"scheduling_strategy": in_bundle(pg, r)} if pg else {}))
+                .remote(config, r, tp_size)
+                for r in range(1, tp_size)
+            ]
+            addr = ray.util.get_node_ip_address()
+            port = free_port(addr)
+            joined = [w.setup.remote(addr, port) for w in self.workers]
+            channel = PlanChannel(init_tp_group(0, tp_size, addr, port, config.device), 0)
+            ray.get(joined)
+            self._serve_refs = [w.serve.remote() for w in self.workers]
+        try:
+            self.engine = LLMEngine(config, tokenizer, channel)
+        except Exception:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the workers (politely if the group still works) and leave the group."""
+        if self.workers:
+            try:
+                if getattr(self, "engine", None) is not None and self.engine.channel is not None:
+                    self.engine.channel.send(STOP)
+                    ray.get(self._serve_refs, timeout=30)
+            except Exception:
+                pass
+            for w in self.workers:
+                ray.kill(w)
+            self.workers = []
+        leave_tp_group()
+
+
+class ReplicaActor:
+    """One replica as an actor (rank 0 in bundle 0 of its placement group), for the offline
+    API's data parallelism. A failed step ends the in-flight requests with an error that
+    names the cause, and the replica rebuilds itself."""
+
+    def __init__(self, config: EngineConfig, tp_size: int, replica_index: int, placement_group=None) -> None:
+        if config.device == "cpu":
+            torch.set_num_threads(1)
+        self.config, self.tp_size, self.index, self.pg = config, tp_size, replica_index, placement_group
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.replica = ReplicaEngine(config, self.tokenizer, tp_size, placement_group)
+        self.restarts = 0
+
+    def limits(self) -> dict:
+        """What the driver needs to validate prompts before queueing them."""
+        engine = self.replica.engine
+        return {"max_model_len": engine.max_model_len, "vocab_size": engine.hf_config.vocab_size}
+
+    def worker_handles(self) -> list:
+        return list(self.replica.workers)
+
+    def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
+        """items: (request_id, prompt_token_ids, SamplingParams). Returns request_id -> result
+        ({"outputs": [CompletionOutput...], "num_cached_tokens": int} or {"error": str})."""
+        finished: dict = {}
+        try:
+            return run_batch(self.replica.engine, items, finished)
+        except Exception as exc:  # a shard died or a collective failed
+            cause = f"replica {self.index} failed: {type(exc).__name__}: {exc}".strip()
+            dead = [r for r, w in zip(range(1, self.tp_size), self.replica.workers) if not _alive(w)]
+            if dead:
+                cause += f" (ShardWorker rank(s) {dead} died)"
+            traceback.print_exc()
+            self._rebuild()
+            results = {}
+            for request_id, _, params in items:
+                seq_ids = [request_id] + [f"{request_id}#{i}" for i in range(1, params.n)]
+                done = all(s in finished for s in seq_ids)
+                results[request_id] = batch_result([finished[s] for s in seq_ids]) if done else {"error": cause}
+            return results
+
+    def _rebuild(self) -> None:
+        self.replica.shutdown()
+        time.sleep(0.5)
+        self.replica = ReplicaEngine(self.config, self.tokenizer, self.tp_size, self.pg)
+        self.restarts += 1
+
+    def num_restarts(self) -> int:
+        return self.restarts
+
+    def shutdown(self) -> None:
+        self.replica.shutdown()
+
+
+def _alive(worker) -> bool:
+    try:
+        ray.get(worker.ping.remote(), timeout=5)
+        return True
+    except Exception:
+        return False
+
+
+ReplicaActorRemote = ray.remote(max_concurrency=2)(ReplicaActor)

@@ -1,0 +1,1 @@
+"""Cluster plumbing: process groups, placement groups, local multi-node clusters (Ray at the edges)."""

@@ -1,0 +1,161 @@
+"""Varlen causal depthwise conv1d with the window in the state pool, Triton kernel.
+
+One program per (batch row b, block of BLOCK_D channels) walks the row's tokens in tiles of
+BLOCK_T. Tap j of token t reads relative position p = t - (K-1) + j::
+
+    p >= 0 : x[cu[b] + p]                          this step's input
+    p <  0 : conv_states[slot, :, K-1 + p]         the window kept from earlier steps
+
+After the last tile the program writes the new window (the last K-1 inputs) back to the
+pool, or, in verify mode, writes the window after EVERY token into
+`intermediate_conv_windows[b, step]` and leaves the pool untouched.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from .._common import (
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor, max_seqlen,
+    next_pow2,
+)
+
+
+@triton.jit
+def _causal_conv1d_varlen_kernel(
+    x_ptr, w_ptr, bias_ptr, states_ptr, slots_ptr, cu_ptr, y_ptr, inter_ptr,
+    num_channels, num_slots, inter_rows, inter_steps,
+    stride_x_t, stride_y_t, stride_w_d,
+    stride_s_n, stride_s_d, stride_s_k,
+    stride_i_b, stride_i_s, stride_i_d, stride_i_k,
+    K: tl.constexpr, KW_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    start = tl.load(cu_ptr + b).to(tl.int64)
+    seq_len = (tl.load(cu_ptr + b + 1) - start).to(tl.int32)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    has_state = (slot >= 0) & (slot < num_slots)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
+    mask_d = offs_d < num_channels
+    state_base = states_ptr + slot * stride_s_n + offs_d[None, :] * stride_s_d  # [1, BD]
+    bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+
+    for t0 in range(0, seq_len, BLOCK_T):
+        offs_t = t0 + tl.arange(0, BLOCK_T)  # [BT] token index inside the row
+        mask_t = offs_t < seq_len
+        acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32) + bias[None, :]
+        for j in tl.static_range(K):
+            p = offs_t - (K - 1) + j  # [BT] relative position of tap j
+            m_x = (mask_t & (p >= 0))[:, None] & mask_d[None, :]
+            xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
+            m_s = (mask_t & (p < 0) & has_state)[:, None] & mask_d[None, :]
+            sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
+            val = xv.to(tl.float32) + sv.to(tl.float32)  # [BT, BD]
+            w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
+            acc += val * w_j[None, :]
+            if VERIFY:
+                if j >= 1:  # tap j is column j-1 of the window after token t
+                    m_i = (mask_t & (offs_t < inter_steps) & (b < inter_rows))[:, None] & mask_d[None, :]
+                    i_ptr = (inter_ptr + b.to(tl.int64) * stride_i_b + offs_t[:, None].to(tl.int64) * stride_i_s
+                             + offs_d[None, :] * stride_i_d + (j - 1) * stride_i_k)
+                    tl.store(i_ptr, val.to(inter_ptr.dtype.element_ty), mask=m_i)
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        y_ptrs = y_ptr + (start + offs_t)[:, None] * stride_y_t + offs_d[None, :]
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_d[None, :])
+
+    if not VERIFY:
+        # new window column i holds relative position seq_len - (K-1) + i
+        offs_k = tl.arange(0, KW_PAD)
+        p = seq_len - (K - 1) + offs_k  # [KW]
+        valid = (offs_k < K - 1) & has_state
+        m_x = (valid & (p >= 0))[:, None] & mask_d[None, :]
+        xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
+        m_s = (valid & (p < 0))[:, None] & mask_d[None, :]
+        sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
+        window = xv.to(tl.float32) + sv.to(tl.float32)  # [KW, BD]
+        tl.debug_barrier()  # every thread has read the old window before anyone overwrites it
+        tl.store(state_base + offs_k[:, None] * stride_s_k, window.to(states_ptr.dtype.element_ty),
+                 mask=valid[:, None] & mask_d[None, :])
+
+
+def causal_conv1d_varlen(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    state_slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    activation: str | None = "silu",
+    intermediate_conv_windows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal depthwise conv over a varlen batch; decode (1 token per row) and prefill alike.
+
+    x: [T, D] (rows may be strided, last dim contiguous); weight: [D, K] (e.g. the
+    `conv1d.weight[:, 0, :]` view); bias: [D] or None;
+    conv_states: [N+1, D, K-1], the pool (read; written in place unless verifying);
+    state_slots: [B] int32/int64, a negative slot = zero window and no write-back;
+    cu_seqlens: [B+1] int32/int64 token offsets of the batch rows;
+    activation: "silu" / "swish" / None;
+    intermediate_conv_windows: optional [B_scratch >= B, S, D, K-1] verify scratch: row b,
+    step s receives the window after token s of batch row b (steps >= S are dropped), and
+    conv_states is NOT written;
+    out: optional [T, D] output buffer (last dim contiguous).
+    Returns y: [T, D] in x's dtype. Math in fp32.
+    """
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'swish', None)")
+    check_launch_device("causal_conv1d_varlen", x)
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    num_tokens, dim = x.shape
+    check_tensor("weight", weight, ndim=2, dtypes=FLOAT_DTYPES, shape=(dim, None))
+    width = weight.shape[1]
+    if width < 2:
+        raise ValueError(f"conv width K={width} must be >= 2")
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, dtypes=FLOAT_DTYPES, shape=(dim,))
+    check_tensor("conv_states", conv_states, ndim=3, dtypes=FLOAT_DTYPES, shape=(None, dim, width - 1),
+                 last_contiguous=False)
+    check_tensor("state_slots", state_slots, ndim=1, dtypes=INDEX_DTYPES)
+    batch = state_slots.shape[0]
+    check_cu_seqlens(cu_seqlens, batch, num_tokens)
+    for name, t in (("weight", weight), ("conv_states", conv_states), ("state_slots", state_slots),
+                    ("cu_seqlens", cu_seqlens)):
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+    check_index_range("state_slots", state_slots, 0, conv_states.shape[0], allow_negative=True)
+    y = out if out is not None else torch.empty((num_tokens, dim), dtype=x.dtype, device=x.device)
+    check_tensor("out", y, ndim=2, shape=(num_tokens, dim), dtypes=FLOAT_DTYPES, device=x.device)
+    if batch == 0 or num_tokens == 0:
+        return y
+    verify = intermediate_conv_windows is not None
+    inter = intermediate_conv_windows if verify else conv_states.new_empty(0, 1, 1, 1)
+    if verify:
+        check_tensor("intermediate_conv_windows", inter, ndim=4, dtypes=FLOAT_DTYPES,
+                     shape=(None, None, dim, width - 1), last_contiguous=False, device=x.device)
+        if inter.shape[0] < batch:
+            raise ValueError(f"intermediate_conv_windows has {inter.shape[0]} rows for a batch of {batch}")
+        longest = max_seqlen(cu_seqlens)
+        if longest is not None and longest > inter.shape[1]:
+            raise ValueError(f"a row has {longest} tokens but intermediate_conv_windows keeps {inter.shape[1]} steps")
+    tokens_per_row = num_tokens / batch
+    block_t = 1 if tokens_per_row <= 1 else min(32, next_pow2(int(tokens_per_row)))
+    block_d = 256 if tokens_per_row <= 1 else 64
+    block_d = min(block_d, next_pow2(dim))
+    grid = (batch, triton.cdiv(dim, block_d))
+    _causal_conv1d_varlen_kernel[grid](
+        x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y, inter,
+        dim, conv_states.shape[0], inter.shape[0], inter.shape[1],
+        x.stride(0), y.stride(0), weight.stride(0),
+        conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
+        inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
+        K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
+        VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d,
+    )
+    return y

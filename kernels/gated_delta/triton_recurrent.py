@@ -1,0 +1,156 @@
+"""Gated delta rule, recurrent over tokens, varlen, state in the pool: Triton kernel.
+
+One program per (block of BV value dims, batch row b, value head hv). It keeps the state
+slice S[:, v-block] ([Dk, BV] fp32) in registers for the whole row and per token does::
+
+    q, k  = l2norm(q_t), l2norm(k_t)         (if USE_L2NORM), key head h = hv // (HV / H)
+    S     = S * exp(g_t)
+    S     = S + k (beta_t * (v_t - S^T k))^T
+    o_t   = S^T (q * scale)
+
+The state is read from ssm_states[slot] (zeros for a negative slot) and written back in
+place, or, in verify mode, written after EVERY token to intermediate_states[b, step] with
+the pool left untouched.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from .._common import (
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor, max_seqlen,
+    next_pow2,
+)
+
+
+@triton.jit
+def _gated_delta_recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, slots_ptr, cu_ptr, inter_ptr,
+    scale, num_slots, inter_rows, inter_steps,
+    stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
+    stride_g_t, stride_g_h, stride_b_t, stride_b_h, stride_o_t, stride_o_h,
+    stride_s_n, stride_s_h, stride_s_k,
+    stride_i_b, stride_i_s, stride_i_h, stride_i_k,
+    NUM_V_HEADS: tl.constexpr, HEADS_PER_K: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, VERIFY: tl.constexpr,
+):
+    pid_v, b, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    h = hv // HEADS_PER_K
+    start = tl.load(cu_ptr + b).to(tl.int64)
+    end = tl.load(cu_ptr + b + 1).to(tl.int64)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    has_state = (slot >= 0) & (slot < num_slots)
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mask_k, mask_v = offs_k < DK, offs_v < DV
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    s_off = offs_k[:, None] * stride_s_k + offs_v[None, :]  # [BK, BV] inside one head's [Dk, Dv]
+    s_ptrs = states_ptr + slot * stride_s_n + hv * stride_s_h + s_off
+    state = tl.load(s_ptrs, mask=mask_kv & has_state, other=0.0).to(tl.float32)  # [BK, BV]
+
+    for t in range(start, end):
+        q = tl.load(q_ptr + t * stride_q_t + h * stride_q_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + t * stride_k_t + h * stride_k_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + t * stride_v_t + hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t * stride_g_t + hv * stride_g_h).to(tl.float32)
+        beta = tl.load(beta_ptr + t * stride_b_t + hv * stride_b_h).to(tl.float32)
+        if USE_L2NORM:
+            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        q = q * scale
+        state = state * tl.exp(g)
+        kv_mem = tl.sum(state * k[:, None], axis=0)  # [BV] = S^T k
+        delta = (v - kv_mem) * beta
+        state = state + k[:, None] * delta[None, :]
+        o = tl.sum(state * q[:, None], axis=0)  # [BV]
+        tl.store(o_ptr + t * stride_o_t + hv * stride_o_h + offs_v, o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        if VERIFY:
+            step = t - start
+            keep = (step < inter_steps) & (b < inter_rows)
+            i_ptrs = (inter_ptr + b.to(tl.int64) * stride_i_b + step * stride_i_s + hv * stride_i_h
+                      + offs_k[:, None] * stride_i_k)
+            tl.store(i_ptrs + offs_v[None, :], state.to(inter_ptr.dtype.element_ty), mask=mask_kv & keep)
+
+    if not VERIFY:
+        tl.store(s_ptrs, state.to(states_ptr.dtype.element_ty), mask=mask_kv & has_state)
+
+
+def gated_delta_rule_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_states: torch.Tensor,
+    state_slots: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    intermediate_states: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Gated delta rule over a varlen batch, token by token (decode, verify, short prefill).
+
+    q, k: [T, H, Dk]; v: [T, HV, Dv] (HV a multiple of H; strided views such as splits of
+    the conv output are fine, last dim contiguous); g: [T, HV] log decay (<= 0);
+    beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv] the pool (read; written in place unless
+    verifying), last two dims contiguous; state_slots: [B] int32/int64, a negative slot
+    starts from zeros and writes nothing; cu_seqlens: [B+1] int32/int64;
+    scale: default Dk**-0.5; use_qk_l2norm: L2-normalise q and k (eps 1e-6) first;
+    intermediate_states: optional [B_scratch >= B, S, HV, Dk, Dv] verify scratch: [b, s]
+    receives the state after token s of batch row b (steps >= S dropped), the pool is NOT
+    written; out: optional [T, HV, Dv] buffer. Returns o: [T, HV, Dv] in v's dtype.
+    """
+    check_launch_device("gated_delta_rule_recurrent", q)
+    check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
+    num_tokens, num_k_heads, dk = q.shape
+    check_tensor("k", k, ndim=3, dtypes=FLOAT_DTYPES, shape=tuple(q.shape))
+    check_tensor("v", v, ndim=3, dtypes=FLOAT_DTYPES, shape=(num_tokens, None, None))
+    num_v_heads, dv = v.shape[1:]
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"value heads {num_v_heads} not a multiple of key heads {num_k_heads}")
+    check_tensor("g", g, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, num_v_heads), last_contiguous=False)
+    check_tensor("beta", beta, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, num_v_heads), last_contiguous=False)
+    check_tensor("ssm_states", ssm_states, ndim=4, dtypes=FLOAT_DTYPES, shape=(None, num_v_heads, dk, dv))
+    if ssm_states.stride(2) != dv and dk > 1:
+        raise ValueError(f"ssm_states must have contiguous [Dk, Dv] per head, got strides {ssm_states.stride()}")
+    check_tensor("state_slots", state_slots, ndim=1, dtypes=INDEX_DTYPES)
+    batch = state_slots.shape[0]
+    check_cu_seqlens(cu_seqlens, batch, num_tokens)
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("ssm_states", ssm_states),
+                    ("state_slots", state_slots), ("cu_seqlens", cu_seqlens)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    check_index_range("state_slots", state_slots, 0, ssm_states.shape[0], allow_negative=True)
+    o = out if out is not None else torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", o, ndim=3, shape=(num_tokens, num_v_heads, dv), dtypes=FLOAT_DTYPES, device=q.device)
+    verify = intermediate_states is not None
+    inter = intermediate_states if verify else ssm_states.new_empty(0, 1, 1, 1, 1)
+    if verify:
+        check_tensor("intermediate_states", inter, ndim=5, dtypes=FLOAT_DTYPES,
+                     shape=(None, None, num_v_heads, dk, dv), device=q.device)
+        if inter.stride(3) != dv and dk > 1:
+            raise ValueError(f"intermediate_states must have contiguous [Dk, Dv], got strides {inter.stride()}")
+        if inter.shape[0] < batch:
+            raise ValueError(f"intermediate_states has {inter.shape[0]} rows for a batch of {batch}")
+        longest = max_seqlen(cu_seqlens)
+        if longest is not None and longest > inter.shape[1]:
+            raise ValueError(f"a row has {longest} tokens but intermediate_states keeps {inter.shape[1]} steps")
+    if batch == 0 or num_tokens == 0:
+        return o
+    block_k, block_v = next_pow2(dk), min(next_pow2(dv), 32)
+    grid = (triton.cdiv(dv, block_v), batch, num_v_heads)
+    _gated_delta_recurrent_kernel[grid](
+        q, k, v, g, beta, o, ssm_states, state_slots, cu_seqlens, inter,
+        dk ** -0.5 if scale is None else float(scale), ssm_states.shape[0], inter.shape[0], inter.shape[1],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
+        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2),
+        inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
+        NUM_V_HEADS=num_v_heads, HEADS_PER_K=num_v_heads // num_k_heads, DK=dk, DV=dv,
+        BK=block_k, BV=block_v, USE_L2NORM=use_qk_l2norm, VERIFY=verify,
+        num_warps=1 if block_k * block_v <= 2048 else 4,
+    )
+    return o

@@ -1,0 +1,36 @@
+"""Sparse MoE, torch reference: softmax top-k routing and a per-expert loop of gated-SiLU experts.
+
+Matches models/layers/moe.py (softmax_topk, FusedExperts.forward)::
+
+    probs            = softmax(router_logits.float())            # [T, E]
+    weights, ids     = topk(probs, K)                             # [T, K]; renormalised to sum 1 if asked
+    out[t]           = sum_k weights[t, k] * expert_{ids[t, k]}(x[t])
+    expert_e(x)      = down_e( silu(gate_e x) * up_e x )          # gate_up_proj[e] = [gate | up] rows
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def moe_topk_softmax_ref(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(router_logits.dtype), ids
+
+
+def fused_moe_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
+                  topk_ids: torch.Tensor) -> torch.Tensor:
+    """x: [T, H]; gate_up_proj: [E, 2I, H]; down_proj: [E, H, I]; topk_weights, topk_ids: [T, K].
+    Returns [T, H] in x's dtype."""
+    out = torch.zeros_like(x)
+    for expert_id in torch.unique(topk_ids).tolist():
+        token_idx, k_idx = torch.where(topk_ids == expert_id)  # [n], [n]
+        gate, up = F.linear(x[token_idx], gate_up_proj[expert_id]).chunk(2, dim=-1)  # [n, I] each
+        y = F.linear(F.silu(gate) * up, down_proj[expert_id])  # [n, H]
+        out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None])
+    return out

@@ -1,0 +1,173 @@
+"""Sparse MoE on the GPU: top-k softmax routing and a grouped expert matmul (Triton).
+
+Grouping, with A = T*K (token, slot) assignments, a = t*K + k, and tiles of BLOCK_M rows::
+
+    counts[e]          assignments routed to expert e
+    expert e's rows    padded to a multiple of BLOCK_M, laid out back to back in expert order
+    sorted_rows[i]     assignment index in padded row i (A = padding)
+    tile_expert[m]     expert of tile m (E = past the end: the program exits)
+
+All of it is built with device ops from shapes only (no host sync): the tile count is
+bounded by cdiv(A, BLOCK_M) + E. Then, one program per (tile, block of output columns):
+
+    GEMM 1: h[a]   = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)        h: [A, I] in x's dtype
+    GEMM 2: y[a]   = weights[a] * (h[a] @ down_e^T)                 y: [A, H] fp32
+    out[t] = sum_k y[t*K + k]                                        (a torch sum; deterministic)
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
+
+
+@triton.jit
+def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, stride_l,
+                         TOP_K: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr, RENORMALIZE: tl.constexpr):
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    offs_e = tl.arange(0, BE)
+    row_ok = rows < num_tokens
+    mask = row_ok[:, None] & (offs_e < num_experts)[None, :]
+    logits = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + offs_e[None, :], mask=mask,
+                     other=float("-inf")).to(tl.float32)
+    logits = tl.where(row_ok[:, None], logits, 0.0)  # padding rows: finite, never stored
+    probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    probs = probs / tl.sum(probs, axis=1)[:, None]
+    total = tl.zeros([BT], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        best = tl.argmax(probs, axis=1, tie_break_left=True)  # [BT]
+        w = tl.max(probs, axis=1)
+        total += w
+        tl.store(w_ptr + rows * TOP_K + k, w, mask=row_ok)
+        tl.store(ids_ptr + rows * TOP_K + k, best.to(tl.int64), mask=row_ok)
+        probs = tl.where(offs_e[None, :] == best[:, None], -1.0, probs)
+    if RENORMALIZE:
+        for k in tl.static_range(TOP_K):
+            w = tl.load(w_ptr + rows * TOP_K + k, mask=row_ok, other=0.0)
+            tl.store(w_ptr + rows * TOP_K + k, w / total, mask=row_ok)
+
+
+@triton.jit
+def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, weights_ptr,
+                     num_assign, num_experts, n_out, k_in, stride_a, stride_we, stride_wn, stride_out,
+                     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, SCALE_ROWS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+    """out[a, n] = act(A[a // A_ROW_DIV] @ W_e[n]^T) for the rows of one expert tile.
+    GATED: W_e rows [gate (n_out) | up (n_out)], act = silu(gate) * up. SCALE_ROWS: * weights[a]."""
+    tile, pid_n = tl.program_id(0), tl.program_id(1)
+    expert = tl.load(tile_expert_ptr + tile)
+    if expert >= num_experts:
+        return
+    rows = tl.load(sorted_rows_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM] assignment ids
+    row_ok = rows < num_assign
+    a_rows = (rows // A_ROW_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < n_out
+    w_base = w_ptr + expert.to(tl.int64) * stride_we
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, k_in, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mask_k = offs_k < k_in
+        a = tl.load(a_ptr + a_rows[:, None] * stride_a + offs_k[None, :], mask=row_ok[:, None] & mask_k[None, :],
+                    other=0.0)
+        w_ptrs = w_base + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN] = W_e[n, k]^T
+        w = tl.load(w_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PREC)
+        if GATED:
+            w_up = tl.load(w_ptrs + n_out * stride_wn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc_up = tl.dot(a, w_up.to(a.dtype), acc_up, input_precision=DOT_PREC)
+    if GATED:
+        gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)  # F.linear rounds to x's dtype first
+        up = acc_up.to(out_ptr.dtype.element_ty).to(tl.float32)
+        acc = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32) * up
+    if SCALE_ROWS:
+        acc = acc * tl.load(weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & mask_n[None, :])
+
+
+def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
+    Softmax in fp32 over all experts, top k (lowest id first on ties), optional renormalise."""
+    check_launch_device("moe_topk_softmax", router_logits)
+    check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
+    num_tokens, num_experts = router_logits.shape
+    if not 0 < top_k <= num_experts:
+        raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=router_logits.device)
+    if num_tokens:
+        block_e = next_pow2(num_experts)
+        block_t = max(1, min(16, 4096 // block_e))
+        _topk_softmax_kernel[(triton.cdiv(num_tokens, block_t),)](
+            router_logits, weights, ids, num_tokens, num_experts, router_logits.stride(0),
+            TOP_K=top_k, BE=block_e, BT=block_t, RENORMALIZE=renormalize)
+    return weights.to(router_logits.dtype), ids
+
+
+def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> sorted_rows [max_tiles*BM] (assignment ids, A = padding), tile_expert [max_tiles]."""
+    flat = topk_ids.flatten()  # [A]
+    num_assign, device = flat.numel(), flat.device
+    max_tiles = triton.cdiv(num_assign, block_m) + num_experts
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)  # [E]
+    pad_start, cnt_start = pad_end - padded, torch.cumsum(counts, 0) - counts
+    order = torch.argsort(flat, stable=True)  # assignments grouped by expert
+    expert_of = flat[order]
+    dest = pad_start[expert_of] + torch.arange(num_assign, device=device) - cnt_start[expert_of]
+    sorted_rows = torch.full((max_tiles * block_m,), num_assign, dtype=torch.int64, device=device)
+    sorted_rows.scatter_(0, dest, order)
+    tile_start = torch.arange(max_tiles, device=device) * block_m
+    tile_expert = torch.searchsorted(pad_end, tile_start, right=True)  # E past the end
+    return sorted_rows, tile_expert
+
+
+def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor) -> torch.Tensor:
+    """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
+
+    x: [T, H] (row stride free, last dim contiguous); gate_up_proj: [E, 2I, H] rows [gate | up];
+    down_proj: [E, H, I]; topk_weights: [T, K] float; topk_ids: [T, K] int32/int64 in [0, E).
+    Returns [T, H] in x's dtype (the rank-local partial sum under tensor parallelism).
+    """
+    check_launch_device("fused_moe", x)
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    num_tokens, hidden = x.shape
+    check_tensor("gate_up_proj", gate_up_proj, ndim=3, dtypes=FLOAT_DTYPES, shape=(None, None, hidden),
+                 device=x.device)
+    num_experts, inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
+    if gate_up_proj.shape[1] != 2 * inter:
+        raise ValueError(f"gate_up_proj rows {gate_up_proj.shape[1]} must be even ([gate | up])")
+    check_tensor("down_proj", down_proj, ndim=3, dtypes=FLOAT_DTYPES, shape=(num_experts, hidden, inter),
+                 device=x.device)
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), device=x.device)
+    top_k = topk_ids.shape[1]
+    check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, top_k),
+                 device=x.device, last_contiguous=False)
+    check_index_range("topk_ids", topk_ids, 0, num_experts)
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    num_assign = num_tokens * top_k
+    block_m = 16 if num_assign <= 4 * num_experts * 16 else 64
+    sorted_rows, tile_expert = _align(topk_ids.long(), num_experts, block_m)
+    weights = topk_weights.reshape(-1).contiguous()
+    h = torch.empty(num_assign, inter, dtype=x.dtype, device=x.device)
+    y = torch.empty(num_assign, hidden, dtype=torch.float32, device=x.device)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    block_n, block_k = 64, 64 if x.dtype != torch.float32 else 32
+    for out, a, w, n_out, k_in, div, gated in ((h, x, gate_up_proj, inter, hidden, top_k, True),
+                                               (y, h, down_proj, hidden, inter, 1, False)):
+        grid = (tile_expert.shape[0], triton.cdiv(n_out, block_n))
+        _moe_gemm_kernel[grid](
+            a, w, out, sorted_rows, tile_expert, weights, num_assign, num_experts, n_out, k_in,
+            a.stride(0), w.stride(0), w.stride(1), out.stride(0),
+            A_ROW_DIV=div, GATED=gated, SCALE_ROWS=not gated, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, DOT_PREC=prec, num_warps=4)
+    return y.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -1,0 +1,135 @@
+"""RMSNorm variants in one Triton kernel; casts mirror kernels/norm/ref.py step by step.
+
+Rows are addressed in two levels so strided views need no copy: row r of an [M, H, D] view
+is (outer r // H, inner r % H). Each program normalises BLOCK_R rows of D elements::
+
+    MODE_PLAIN       y = w * round_x(n)                         (rounded to promote(w, x))
+    MODE_ZERO_CENTER y = n * (1 + w)                            (rounded to x's dtype)
+    MODE_GATED       y = round_p(w * round_x(n)) * silu(gate)   (p = promote(w, x); y in x's dtype)
+    MODE_GATE_FIRST  h = x * silu(gate); y = w * norm(h)        (Mamba2; groups are rows)
+
+with n = norm(x) = x * rsqrt(mean(x^2) + eps) in fp32 and round_x a cast to x's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
+
+MODE_PLAIN, MODE_ZERO_CENTER, MODE_GATED, MODE_GATE_FIRST = 0, 1, 2, 3
+_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _silu(g):
+    return g / (1.0 + tl.exp(-g))
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, gate_ptr, w_ptr, y_ptr, num_rows, n_inner, eps,
+    stride_x_o, stride_x_i, stride_g_o, stride_g_i, stride_y_o, stride_y_i, w_row_stride,
+    D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, MODE: tl.constexpr,
+    X_DTYPE: tl.constexpr, PROD_DTYPE: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BR]
+    outer, inner = (rows // n_inner).to(tl.int64), rows % n_inner
+    offs_d = tl.arange(0, BD)
+    mask = (rows < num_rows)[:, None] & (offs_d < D)[None, :]
+    x = tl.load(x_ptr + (outer * stride_x_o + inner * stride_x_i)[:, None] + offs_d[None, :], mask=mask, other=0.0)
+    x = x.to(tl.float32)
+    if MODE == 2 or MODE == 3:
+        g_ptrs = gate_ptr + (outer * stride_g_o + inner * stride_g_i)[:, None] + offs_d[None, :]
+        gate = _silu(tl.load(g_ptrs, mask=mask, other=0.0).to(tl.float32))
+    if MODE == 3:
+        x = x * gate
+    n = x * tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    w = tl.load(w_ptr + inner[:, None] * w_row_stride + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    if MODE == 0:
+        y = w * n.to(X_DTYPE).to(tl.float32)
+    elif MODE == 1:
+        y = n * (1.0 + w)
+    elif MODE == 2:
+        y = (w * n.to(X_DTYPE).to(tl.float32)).to(PROD_DTYPE).to(tl.float32) * gate
+    else:
+        y = w * n
+    y_ptrs = y_ptr + (outer * stride_y_o + inner * stride_y_i)[:, None] + offs_d[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _as_rows(name: str, t: torch.Tensor, dim: int) -> torch.Tensor:
+    """View `t` ([..., D], last dim contiguous) as [M, H, D] without copying where possible."""
+    check_tensor(name, t, dtypes=FLOAT_DTYPES)
+    if t.dim() < 1 or t.shape[-1] != dim:
+        raise ValueError(f"{name} must end in dim {dim}, got shape {tuple(t.shape)}")
+    if t.dim() == 1:
+        return t.view(1, 1, dim)
+    if t.dim() == 2:
+        return t.unsqueeze(1)
+    return t.flatten(0, -3) if t.dim() > 3 else t
+
+
+def _launch(x, gate, weight, eps, mode, out_dtype, out, group_size=None):
+    check_launch_device("rms_norm", x)
+    dim = x.shape[-1] if group_size is None else group_size
+    check_tensor("weight", weight, ndim=1, dtypes=FLOAT_DTYPES, device=x.device)
+    if group_size is None and weight.shape[0] != dim:
+        raise ValueError(f"weight has {weight.shape[0]} entries for a norm over {dim}")
+    if out is None:
+        out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    check_tensor("out", out, shape=tuple(x.shape), dtypes=(out_dtype,), device=x.device)
+    y = out
+    if group_size is not None:  # [T, C] -> [T, G, C/G]: every group is a row
+        x, y = x.view(x.shape[0], -1, dim), out.view(out.shape[0], -1, dim)
+        gate = gate.view(gate.shape[0], -1, dim)
+    x3, y3 = _as_rows("x", x, dim), _as_rows("out", y, dim)
+    g3 = _as_rows("gate", gate, dim) if gate is not None else x3
+    if g3.shape != x3.shape:
+        raise ValueError(f"gate shape {tuple(gate.shape)} != x shape {tuple(x.shape)}")
+    num_rows, n_inner = x3.shape[0] * x3.shape[1], x3.shape[1]
+    if num_rows == 0:
+        return out
+    block_d = next_pow2(dim)
+    block_r = max(1, min(16, 4096 // block_d))
+    prod = torch.promote_types(weight.dtype, x.dtype)
+    _rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
+        x3, g3, weight, y3, num_rows, n_inner, float(eps),
+        x3.stride(0), x3.stride(1), g3.stride(0), g3.stride(1), y3.stride(0), y3.stride(1),
+        dim if group_size is not None else 0,
+        D=dim, BD=block_d, BLOCK_R=block_r, MODE=mode, X_DTYPE=_TL_DTYPE[x.dtype], PROD_DTYPE=_TL_DTYPE[prod],
+        num_warps=4 if block_d * block_r >= 2048 else 2,
+    )
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., D] (strided leading dims fine, last dim contiguous); weight: [D].
+    zero_centered=False: `w * norm(x).to(x.dtype)`, returned in promote(w, x) dtype;
+    zero_centered=True: `(norm(x) * (1 + w)).to(x.dtype)`. out: optional buffer like x."""
+    out_dtype = x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype)
+    return _launch(x, None, weight, eps, MODE_ZERO_CENTER if zero_centered else MODE_PLAIN, out_dtype, out)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """GDN output norm, normalise then gate. x, gate: [..., D]; weight: [D].
+    Returns `((w * norm(x).to(x.dtype)) * silu(gate.float())).to(x.dtype)`: [..., D]."""
+    return _launch(x, gate, weight, eps, MODE_GATED, x.dtype, out)
+
+
+def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+                           out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Mamba2 output norm, gate then normalise per group. x, gate: [T, C] (C a multiple of
+    group_size, last dim contiguous); weight: [C]. Returns
+    `(w * norm_group(x.float() * silu(gate.float()))).to(out_dtype)`: [T, C]."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("gate", gate, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(x.shape))
+    if x.shape[1] % group_size:
+        raise ValueError(f"norm dim {x.shape[1]} not a multiple of group size {group_size}")
+    if weight.shape != (x.shape[1],):
+        raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({x.shape[1]},)")
+    return _launch(x, gate, weight, eps, MODE_GATE_FIRST, out_dtype, out, group_size=group_size)

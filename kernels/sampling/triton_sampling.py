@@ -1,0 +1,128 @@
+"""Batched sampling on the device without a host sync: torch masking + a Triton Gumbel-max.
+
+    masked_logits    temperature, top-k, top-p, min-p for all rows at once (sort-based, batched
+                     torch ops; skipped entirely when no row asks for them)
+    _gumbel_argmax   one program per row, over V in blocks:
+                     token = argmax_v( l[v] / T + G[v] ),  G = -log(-log(U)),
+                     U = philox(seeds[b]; counter = (v, offsets[b])) uniform in [0, 1)
+                     greedy rows (T == 0) take argmax_v l[v] (first index on ties)
+
+argmax(l + Gumbel) is distributed as softmax(l). Each row's stream is fixed by its own
+(seed, offset): the same request, seed and step give the same token whatever else is in the
+batch. Callers advance `offsets` per step (e.g. the number of tokens generated so far).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.random import philox, uint_to_uniform_float
+
+from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
+
+
+@triton.jit
+def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seeds_ptr, offsets_ptr, out_ptr, vocab, stride_l,
+                          APPLY_TEMPERATURE: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0)
+    temp = tl.load(temp_ptr + b).to(tl.float32)
+    greedy = temp <= 0.0
+    if APPLY_TEMPERATURE:
+        inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
+    else:
+        inv_temp = 1.0
+    seed = tl.load(seeds_ptr + b).to(tl.int64)
+    offset = tl.load(offsets_ptr + b).to(tl.int64)
+    off_lo = (offset & 0xFFFFFFFF).to(tl.uint32)
+    off_hi = ((offset >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    row = logits_ptr + b.to(tl.int64) * stride_l
+    best_val = tl.full([1], float("-inf"), dtype=tl.float32)
+    best_idx = tl.full([1], 0, dtype=tl.int32)
+    for v0 in range(0, vocab, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        mask = offs < vocab
+        score = tl.load(row + offs, mask=mask, other=float("-inf")).to(tl.float32) * inv_temp
+        zero = tl.zeros([BLOCK_V], dtype=tl.uint32)
+        bits, _, _, _ = philox(seed, offs.to(tl.uint32), zero + off_lo, zero + off_hi, zero)
+        u = uint_to_uniform_float(bits)
+        gumbel = -tl.log(-tl.log(tl.maximum(u, 1e-30)))
+        score = tl.where(greedy, score, score + gumbel)
+        score = tl.where(mask, score, float("-inf"))
+        blk_val = tl.max(score, axis=0)
+        blk_idx = tl.argmax(score, axis=0, tie_break_left=True)
+        better = blk_val > best_val  # strict: earlier blocks win ties
+        best_idx = tl.where(better, v0 + blk_idx, best_idx)
+        best_val = tl.where(better, blk_val, best_val)
+    tl.store(out_ptr + b + tl.arange(0, 1), best_idx.to(tl.int64))
+
+
+def masked_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                  min_p: torch.Tensor, use_top_k_top_p: bool = True, use_min_p: bool = True) -> torch.Tensor:
+    """Batched form of ref.masked_logits_row_ref for every row (device ops, no host sync).
+
+    logits: [B, V]; temperature, top_p, min_p: [B] float; top_k: [B] int (<= 0 or >= V: off).
+    Returns [B, V] fp32 temperature-scaled logits with dropped tokens at -inf; greedy rows
+    (temperature 0) are returned raw. The sort runs only if use_top_k_top_p (a host flag:
+    some row uses them).
+    """
+    vocab = logits.shape[1]
+    sampled = (temperature > 0)[:, None]  # [B, 1]; greedy rows are never masked
+    temp = torch.where(temperature > 0, temperature.float(), torch.ones_like(temperature, dtype=torch.float32))
+    scaled = logits.float() / temp[:, None]  # [B, V]
+    if use_top_k_top_p:
+        sorted_l, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+        k = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab)).long()
+        kth = sorted_l.gather(1, (k - 1)[:, None])  # [B, 1]
+        sorted_l = sorted_l.masked_fill((sorted_l < kth) & sampled, float("-inf"))  # top-k, ties kept
+        probs = torch.softmax(sorted_l, dim=-1)
+        drop = ((torch.cumsum(probs, dim=-1) - probs) >= top_p.float()[:, None]) & (top_p < 1.0)[:, None] & sampled
+        sorted_l = sorted_l.masked_fill(drop, float("-inf"))
+        scaled = torch.empty_like(scaled).scatter_(1, order, sorted_l)
+    if use_min_p:
+        probs = torch.softmax(scaled, dim=-1)
+        low = probs < min_p.float()[:, None] * probs.max(dim=-1, keepdim=True).values
+        scaled = scaled.masked_fill(low & (min_p > 0)[:, None] & sampled, float("-inf"))
+    return scaled
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    use_top_k_top_p: bool = True,
+    use_min_p: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Sample one token per row with per-row parameters and per-row seeded randomness.
+
+    logits: [B, V] float (row stride free, last dim contiguous); temperature: [B] float
+    (0 = greedy); top_k: [B] int (<= 0 off); top_p: [B] float (1 off); min_p: [B] float
+    (0 off); seeds: [B] int64; offsets: [B] int64 (advance per step); use_top_k_top_p /
+    use_min_p: host flags, False skips that masking for the whole batch; out: optional [B]
+    int64. Returns token ids [B] int64. No host sync.
+    """
+    check_launch_device("sample_tokens", logits)
+    check_tensor("logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
+    batch, vocab = logits.shape
+    for name, t, dtypes in (("temperature", temperature, FLOAT_DTYPES), ("top_k", top_k, INDEX_DTYPES),
+                            ("top_p", top_p, FLOAT_DTYPES), ("min_p", min_p, FLOAT_DTYPES),
+                            ("seeds", seeds, INDEX_DTYPES), ("offsets", offsets, INDEX_DTYPES)):
+        check_tensor(name, t, ndim=1, dtypes=dtypes, shape=(batch,), device=logits.device, last_contiguous=False)
+    tokens = out if out is not None else torch.empty(batch, dtype=torch.int64, device=logits.device)
+    check_tensor("out", tokens, ndim=1, dtypes=(torch.int64,), shape=(batch,), device=logits.device)
+    if batch == 0:
+        return tokens
+    masking = use_top_k_top_p or use_min_p
+    scores = masked_logits(logits, temperature, top_k, top_p, min_p, use_top_k_top_p, use_min_p) if masking \
+        else logits
+    block_v = min(next_pow2(vocab), 4096)
+    _gumbel_argmax_kernel[(batch,)](
+        scores, temperature, seeds, offsets, tokens, vocab, scores.stride(0),
+        APPLY_TEMPERATURE=not masking, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4,
+    )
+    return tokens

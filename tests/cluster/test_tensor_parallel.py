@@ -1,0 +1,97 @@
+"""Ray cluster on CPU: tp=2 (gloo) equals tp=1 for every family; two tp=2 replicas on a
+two-node local cluster; a killed ShardWorker fails only its replica's requests, and the
+replica comes back; infeasible sizes fail within seconds."""
+import threading
+import time
+
+import pytest
+import ray
+import torch
+
+from hf_reference import FAMILIES
+from hybrid_serve import LLM, SamplingParams
+from hybrid_serve.cluster.local import start_local_cluster
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster():
+    cluster = start_local_cluster(num_nodes=2, cpus_per_node=4)
+    ray.init(address=cluster.address, include_dashboard=False, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _prompts(n, vocab=256, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (int(k),), generator=gen).tolist() for k in torch.randint(1, 80, (n,), generator=gen)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tp2_tokens_equal_tp1(family, reference_models, two_node_cluster):
+    model_dir, _ = reference_models(family)
+    prompts = _prompts(6)
+    want = [o.outputs[0].token_ids for o in LLM(model=model_dir, dtype="float32").generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, dtype="float32", tp_size=2, chunked_prefill_size=16)
+    try:
+        got = llm.generate(prompts, GREEDY)
+    finally:
+        llm.shutdown()
+    assert [o.error for o in got] == [None] * len(prompts)
+    assert [o.outputs[0].token_ids for o in got] == want
+
+
+def test_killed_shard_fails_only_its_replica_then_recovers(reference_models, two_node_cluster):
+    model_dir, _ = reference_models("qwen3_5")
+    prompts = _prompts(32, seed=1)
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(model=model_dir, dtype="float32").generate(prompts, params)]
+    llm = LLM(model=model_dir, dtype="float32", tp_size=2, num_replicas=2, max_num_seqs=4)
+    try:
+        first = llm.generate(prompts, params)  # all 32, both replicas healthy
+        assert [o.outputs[0].token_ids for o in first] == want
+        victim = ray.get(llm.replicas.replicas[0].worker_handles.remote())[0]
+        result = {}
+        runner = threading.Thread(target=lambda: result.update(outs=llm.generate(prompts, params)))
+        runner.start()
+        time.sleep(1.5)
+        ray.kill(victim)
+        runner.join(timeout=300)
+        outs = result["outs"]
+        failed = [i for i, o in enumerate(outs) if o.error is not None]
+        assert failed, "killing a shard mid-run should fail that replica's in-flight requests"
+        for i in failed:
+            assert "replica 0" in outs[i].error and "ShardWorker" in outs[i].error, outs[i].error
+            assert outs[i].outputs[0].finish_reason == "error"
+        for i, o in enumerate(outs):
+            if o.error is None:
+                assert o.outputs[0].token_ids == want[i]
+        # requests are spread evenly: the healthy replica's half all succeeded
+        assert len(failed) <= len(prompts) // 2
+        assert ray.get(llm.replicas.replicas[0].num_restarts.remote()) == 1
+        again = llm.generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in again] == want
+    finally:
+        llm.shutdown()
+
+
+def test_infeasible_sizes_fail_fast(reference_models, two_node_cluster):
+    model_dir, _ = reference_models("qwen3_5")  # 4 heads, 2 KV heads
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="tp_size=3 does not divide the model's num_attention_heads=4"):
+        LLM(model=model_dir, dtype="float32", tp_size=3)
+    with pytest.raises(ValueError, match="tp_size=5 needs 5 CPUs on one node, but the largest node has 4"):
+        _check(5, 1)
+    with pytest.raises(ValueError, match="need 12 CPUs, the cluster has 8"):
+        _check(2, 6)
+    with pytest.raises(ValueError, match="GPU"):
+        _check(2, 1, use_gpu=True)
+    assert time.monotonic() - start < 30
+
+
+def _check(tp, replicas, use_gpu=False):
+    from hybrid_serve.cluster.placement import check_feasible
+
+    check_feasible(tp, replicas, use_gpu)

@@ -1,0 +1,123 @@
+"""causal_conv1d_varlen (Triton) vs causal_conv1d_varlen_ref."""
+import pytest
+import torch
+from kernel_utils import DEVICE, cu_seqlens, gpu, lens_id, rel_err, require_triton
+
+require_triton()
+from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen, causal_conv1d_varlen_ref  # noqa: E402
+
+NUM_SLOTS = 8
+
+
+def _setup(lens, slots, dim, width, dtype, bias, device=DEVICE, seed=0, num_slots=NUM_SLOTS):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(lens), dim, generator=g).to(dtype)
+    weight = (torch.randn(dim, width, generator=g) / width).to(dtype)
+    b = torch.randn(dim, generator=g).to(dtype) if bias else None
+    pool = torch.full((num_slots + 1, dim, width - 1), float("nan"), dtype=dtype)
+    used = [s for s in slots if s >= 0]
+    pool[used] = torch.randn(len(used), dim, width - 1, generator=g).to(dtype)
+    to = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return to(x), to(weight), to(b), to(pool)
+
+
+def _run_both(lens, slots, dim, width, dtype, bias, activation, device=DEVICE, num_slots=NUM_SLOTS):
+    x, w, b, pool = _setup(lens, slots, dim, width, dtype, bias, device, num_slots=num_slots)
+    pool_ref = pool.clone()
+    want = causal_conv1d_varlen_ref(x, w, b, pool_ref, slots, cu_seqlens(lens, "cpu").tolist(), activation)
+    out = torch.full_like(x, float("nan"))
+    got = causal_conv1d_varlen(
+        x, w, b, pool, torch.tensor(slots, dtype=torch.int32, device=device), cu_seqlens(lens, device),
+        activation, out=out,
+    )
+    assert got is out
+    return got, want, pool, pool_ref
+
+
+CASES = [
+    ([1], [3]),
+    ([1, 1, 1, 1], [2, 5, 1, 7]),  # decode
+    ([5, 1, 9], [4, -1, 2]),  # mixed, one row without state
+    ([2, 1, 3], [1, 6, 3]),  # rows shorter than the window (K-1 = 3)
+    ([40, 7], [-1, 5]),  # prefill over several token tiles
+]
+
+
+@pytest.mark.parametrize("lens,slots", CASES, ids=[lens_id(c[0]) for c in CASES])
+@pytest.mark.parametrize("bias,activation", [(True, "silu"), (False, None)], ids=["bias-silu", "nobias-none"])
+def test_conv_fp32_matches_ref(lens, slots, bias, activation):
+    got, want, pool, pool_ref = _run_both(lens, slots, 20, 4, torch.float32, bias, activation)
+    assert rel_err(got, want) < 1e-6
+    # written windows equal, untouched slots (NaN / negative rows) still NaN
+    assert torch.equal(torch.isnan(pool), torch.isnan(pool_ref))
+    assert rel_err(pool.nan_to_num(), pool_ref.nan_to_num()) < 1e-7
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+def test_conv_bf16_and_widths(width):
+    lens, slots = [3, 1, 6], [1, 2, 3]
+    got, want, pool, pool_ref = _run_both(lens, slots, 12, width, torch.bfloat16, True, "silu")
+    assert rel_err(got, want) < 1e-2
+    assert torch.equal(pool.nan_to_num(), pool_ref.nan_to_num())  # windows are copies: exact
+
+
+def test_conv_chunked_prefill_equals_single_pass():
+    """Feeding a sequence in chunks through the pool equals one pass over it."""
+    dim, width = 16, 4
+    x, w, b, pool = _setup([12], [2], dim, width, torch.float32, True)
+    pool2 = pool.clone()
+    slots = torch.tensor([2], dtype=torch.int32, device=DEVICE)
+    whole = causal_conv1d_varlen(x, w, b, pool, slots, cu_seqlens([12]))
+    chunks = ((0, 5), (5, 6), (6, 12))
+    parts = [causal_conv1d_varlen(x[a:c], w, b, pool2, slots, cu_seqlens([c - a])) for a, c in chunks]
+    assert rel_err(torch.cat(parts), whole) < 1e-6
+    assert torch.equal(pool.nan_to_num(), pool2.nan_to_num())
+
+
+def test_conv_verify_writes_every_window_and_not_the_pool():
+    lens, slots = [3, 1, 4], [4, -1, 1]
+    dim, width, steps = 8, 4, 5
+    x, w, b, pool = _setup(lens, slots, dim, width, torch.float32, False)
+    pool_before = pool.clone()
+    scratch = torch.full((4, steps, dim, width - 1), float("nan"), device=DEVICE)
+    y = causal_conv1d_varlen(x, w, b, pool, torch.tensor(slots, dtype=torch.int32, device=DEVICE),
+                             cu_seqlens(lens), "silu", intermediate_conv_windows=scratch)
+    assert torch.equal(pool.nan_to_num(), pool_before.nan_to_num()) and torch.equal(pool.isnan(), pool_before.isnan())
+    # ref: one token at a time, recording the window after each
+    ref_pool = pool_before.clone()
+    for row, (n, slot) in enumerate(zip(lens, slots)):
+        start = sum(lens[:row])
+        if slot < 0:
+            ref_pool[0] = 0.0  # a zero window in a spare slot stands in for "no state"
+            slot = 0
+        for s in range(n):
+            want_y = causal_conv1d_varlen_ref(x[start + s:start + s + 1], w, b, ref_pool, [slot], [0, 1], "silu")
+            assert rel_err(y[start + s:start + s + 1], want_y) < 1e-6
+            assert rel_err(scratch[row, s], ref_pool[slot]) < 1e-7, (row, s)
+        assert torch.isnan(scratch[row, n:]).all()  # steps past the row's length untouched
+    assert torch.isnan(scratch[3]).all()
+
+
+def test_conv_rejects_bad_inputs():
+    x, w, b, pool = _setup([2], [1], 8, 4, torch.float32, False)
+    slots, cu = torch.tensor([1], dtype=torch.int32), cu_seqlens([2])
+    with pytest.raises(ValueError, match="state_slots"):
+        causal_conv1d_varlen(x, w, b, pool, torch.tensor([NUM_SLOTS + 1], dtype=torch.int32), cu)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        causal_conv1d_varlen(x, w, b, pool, slots, cu_seqlens([3]))
+    with pytest.raises(ValueError, match="conv_states"):
+        causal_conv1d_varlen(x, w, b, pool[:, :, :2], slots, cu)
+    with pytest.raises(ValueError, match="activation"):
+        causal_conv1d_varlen(x, w, b, pool, slots, cu, activation="gelu")
+
+
+@gpu
+@pytest.mark.parametrize("batch,tokens_per_row", [(1, 1), (64, 1), (4, 300)],
+                         ids=["decode1", "decode64", "prefill4x300"])
+def test_conv_serving_shapes_gpu(batch, tokens_per_row):
+    lens = [tokens_per_row] * batch
+    dim = 8192  # GDN conv dim of the 2.3B Qwen3.5 layout (2*16*128 + 32*128)
+    slots = list(range(1, batch + 1))
+    got, want, pool, pool_ref = _run_both(lens, slots, dim, 4, torch.bfloat16, False, "silu", "cuda", batch + 2)
+    assert rel_err(got.float().cpu(), want.float().cpu()) < 1e-2
+    assert torch.equal(pool.nan_to_num().cpu(), pool_ref.nan_to_num().cpu())

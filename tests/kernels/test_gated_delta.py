@@ -1,0 +1,105 @@
+"""gated_delta_rule_recurrent (Triton) vs gated_delta_rule_varlen_ref."""
+import pytest
+import torch
+from kernel_utils import DEVICE, cu_seqlens, gpu, lens_id, rel_err, require_triton
+
+require_triton()
+from hybrid_serve.kernels.gated_delta import gated_delta_rule_recurrent, gated_delta_rule_varlen_ref  # noqa: E402
+
+
+def _inputs(lens, slots, H, HV, Dk, Dv, dtype, num_slots, device=DEVICE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    q = torch.randn(T, H, Dk, generator=g).to(dtype)
+    k = torch.randn(T, H, Dk, generator=g).to(dtype)
+    v = torch.randn(T, HV, Dv, generator=g).to(dtype)
+    gate = -torch.rand(T, HV, generator=g) * 0.5  # log decay, fp32 as in the model
+    beta = torch.rand(T, HV, generator=g).to(dtype)
+    pool = torch.full((num_slots + 1, HV, Dk, Dv), float("nan"))
+    used = [s for s in slots if s >= 0]
+    pool[used] = torch.randn(len(used), HV, Dk, Dv, generator=g) * 0.1
+    return [t.to(device) for t in (q, k, v, gate, beta, pool)]
+
+
+def _check(lens, slots, H, HV, Dk, Dv, dtype, tol, l2norm=True, device=DEVICE, num_slots=6):
+    q, k, v, gate, beta, pool = _inputs(lens, slots, H, HV, Dk, Dv, dtype, num_slots, device)
+    pool_ref = pool.cpu().clone()
+    want = gated_delta_rule_varlen_ref(
+        q.cpu(), k.cpu(), v.cpu(), gate.cpu(), beta.cpu(), pool_ref, slots, cu_seqlens(lens, "cpu").tolist(),
+        use_qk_l2norm=l2norm,
+    )
+    out = torch.full_like(v, float("nan"))
+    got = gated_delta_rule_recurrent(
+        q, k, v, gate, beta, pool, torch.tensor(slots, dtype=torch.int32, device=device), cu_seqlens(lens, device),
+        use_qk_l2norm=l2norm, out=out,
+    )
+    assert rel_err(got.float().cpu(), want.float()) < tol
+    pool = pool.cpu()
+    assert torch.equal(pool.isnan(), pool_ref.isnan())  # slots not in the batch, negative rows: untouched
+    assert rel_err(pool.nan_to_num(), pool_ref.nan_to_num()) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+CASES = [
+    ([1], [2]),
+    ([1, 1, 1], [3, 1, 5]),  # decode
+    ([4, 1, 7], [2, -1, 6]),  # mixed with a stateless row
+]
+
+
+@pytest.mark.parametrize("lens,slots", CASES, ids=[lens_id(c[0]) for c in CASES])
+@pytest.mark.parametrize("heads", [(2, 4), (2, 2)], ids=["gqa2", "mha"])
+def test_gdn_fp32_matches_ref(lens, slots, heads):
+    _check(lens, slots, heads[0], heads[1], 16, 8, torch.float32, 1e-5)
+
+
+def test_gdn_odd_head_dims_and_no_l2norm():
+    _check([3, 2], [1, 4], 1, 3, 12, 40, torch.float32, 1e-5, l2norm=False)  # Dk, Dv not powers of 2, Dv > BV
+
+
+def test_gdn_bf16_inputs():
+    _check([2, 1, 5], [5, 2, 3], 2, 4, 16, 16, torch.bfloat16, 1e-2)
+
+
+def test_gdn_verify_writes_each_step_and_not_the_pool():
+    lens, slots, H, HV, Dk, Dv, steps = [3, 1, 2], [2, 5, -1], 1, 2, 8, 8, 4
+    q, k, v, gate, beta, pool = _inputs(lens, slots, H, HV, Dk, Dv, torch.float32, 6)
+    before = pool.clone()
+    scratch = torch.full((4, steps, HV, Dk, Dv), float("nan"), device=DEVICE)
+    slots_t = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    o = gated_delta_rule_recurrent(q, k, v, gate, beta, pool, slots_t, cu_seqlens(lens), intermediate_states=scratch)
+    assert torch.equal(pool.isnan(), before.isnan()) and torch.equal(pool.nan_to_num(), before.nan_to_num())
+    ref_pool = before.clone()
+    ref_pool[0] = 0.0  # a zero state in the spare slot 0 stands in for "no state"
+    start = 0
+    for row, (n, slot) in enumerate(zip(lens, slots)):
+        slot = max(slot, 0)
+        for s in range(n):
+            t = slice(start + s, start + s + 1)
+            want = gated_delta_rule_varlen_ref(q[t], k[t], v[t], gate[t], beta[t], ref_pool, [slot], [0, 1])
+            assert rel_err(o[t], want) < 1e-5
+            assert rel_err(scratch[row, s], ref_pool[slot]) < 1e-5, (row, s)
+        assert torch.isnan(scratch[row, n:]).all()
+        start += n
+    assert torch.isnan(scratch[3]).all()
+
+
+def test_gdn_rejects_bad_inputs():
+    q, k, v, gate, beta, pool = _inputs([2], [1], 2, 4, 8, 8, torch.float32, 3)
+    cu = cu_seqlens([2])
+    with pytest.raises(ValueError, match="state_slots"):
+        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([4], dtype=torch.int32), cu)
+    with pytest.raises(ValueError, match="multiple"):
+        gated_delta_rule_recurrent(q, k, v[:, :3], gate[:, :3], beta[:, :3], pool[:, :3],
+                                   torch.tensor([1], dtype=torch.int32), cu)
+    with pytest.raises(ValueError, match="intermediate_states"):
+        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([1], dtype=torch.int32), cu,
+                                   intermediate_states=torch.zeros(1, 1, 4, 8, 8))
+
+
+@gpu
+@pytest.mark.parametrize("lens", [[1], [1] * 64, [4] * 16, [300, 1, 50]],
+                         ids=["decode1", "decode64", "verify16x4", "mixed"])
+def test_gdn_serving_shapes_gpu(lens):
+    """2.3B Qwen3.5 layout: 16 key heads, 32 value heads, Dk = Dv = 128, bf16 activations."""
+    slots = list(range(1, len(lens) + 1))
+    _check(lens, slots, 16, 32, 128, 128, torch.bfloat16, 2e-2, device="cuda", num_slots=len(lens) + 1)

@@ -1,0 +1,90 @@
+"""moe_topk_softmax / fused_moe (Triton) vs the per-expert reference, and the refs vs models/layers/moe.py."""
+import pytest
+import torch
+from kernel_utils import DEVICE, gpu, rel_err, require_triton
+
+require_triton()
+from hybrid_serve.kernels.moe import fused_moe, fused_moe_ref, moe_topk_softmax, moe_topk_softmax_ref  # noqa: E402
+
+
+def _experts(E, H, I, dtype, device=DEVICE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype).to(device)
+    down = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype).to(device)
+    return gate_up, down
+
+
+@pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
+@pytest.mark.parametrize("num_experts,top_k", [(8, 2), (6, 3), (5, 1)], ids=["e8k2", "e6k3", "e5k1"])
+def test_topk_softmax(renormalize, num_experts, top_k):
+    logits = torch.randn(9, num_experts, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    w, ids = moe_topk_softmax(logits, top_k, renormalize)
+    want_w, want_ids = moe_topk_softmax_ref(logits.cpu(), top_k, renormalize)
+    assert torch.equal(ids.cpu(), want_ids)
+    assert rel_err(w.cpu(), want_w) < 1e-6
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 7], ids=["decode1", "batch7"])
+def test_fused_moe_matches_ref(dtype, tol, tokens):
+    E, K, H, I = 5, 2, 24, 40  # H, I not multiples of the tiles; some experts get no token
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(tokens, H, generator=g).to(dtype).to(DEVICE)
+    gate_up, down = _experts(E, H, I, dtype)
+    weights, ids = moe_topk_softmax_ref(torch.randn(tokens, E, generator=g), K, True)
+    weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
+    got = fused_moe(x, gate_up, down, weights, ids)
+    want = fused_moe_ref(x.cpu().float(), gate_up.cpu().float(), down.cpu().float(), weights.cpu().float(), ids.cpu())
+    assert got.dtype == dtype
+    assert rel_err(got.float().cpu(), want) < tol
+
+
+def test_fused_moe_many_tokens_one_expert():
+    """All assignments on one expert: several tiles of one expert, the others idle."""
+    E, K, H, I, T = 4, 1, 16, 16, 37
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    gate_up, down = _experts(E, H, I, torch.float32)
+    ids = torch.full((T, K), 2, dtype=torch.int64, device=DEVICE)
+    weights = torch.rand(T, K, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    assert rel_err(fused_moe(x, gate_up, down, weights, ids).cpu(),
+                   fused_moe_ref(x.cpu(), gate_up.cpu(), down.cpu(), weights.cpu(), ids.cpu())) < 1e-5
+
+
+def test_refs_match_model_moe():
+    from hybrid_serve.models.layers.moe import FusedExperts, softmax_topk
+
+    logits = torch.randn(6, 8, generator=torch.Generator().manual_seed(5))
+    for renorm in (True, False):
+        a, b = softmax_topk(logits, 2, renorm), moe_topk_softmax_ref(logits, 2, renorm)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    experts = FusedExperts(8, 16, 24)
+    experts.gate_up_proj.data.normal_()
+    experts.down_proj.data.normal_()
+    x = torch.randn(6, 16)
+    w, ids = softmax_topk(logits, 2, True)
+    assert torch.equal(experts(x, ids, w), fused_moe_ref(x, experts.gate_up_proj.data, experts.down_proj.data, w, ids))
+
+
+def test_moe_rejects_bad_inputs():
+    gate_up, down = _experts(4, 16, 8, torch.float32)
+    x = torch.randn(2, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="topk_ids"):
+        fused_moe(x, gate_up, down, torch.ones(2, 1, device=DEVICE), torch.full((2, 1), 4, device=DEVICE))
+    with pytest.raises(ValueError, match="top_k"):
+        moe_topk_softmax(torch.randn(2, 4, device=DEVICE), 5, True)
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 64, 2048], ids=["decode1", "decode64", "prefill2k"])
+def test_fused_moe_serving_shapes_gpu(tokens):
+    """Qwen3-Next-like: 512 experts, top 10, hidden 2048, expert intermediate 512, bf16."""
+    E, K, H, I = 512, 10, 2048, 512
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
+    router_logits = torch.randn(tokens, E, device="cuda")
+    w, ids = moe_topk_softmax(router_logits, K, True)
+    want_w, want_ids = moe_topk_softmax_ref(router_logits, K, True)
+    assert torch.equal(ids, want_ids) and rel_err(w, want_w) < 1e-5
+    got = fused_moe(x, gate_up, down, w, ids)
+    want = fused_moe_ref(x.float(), gate_up.float(), down.float(), w.float(), ids)
+    assert rel_err(got.float(), want) < 2e-2

@@ -1,0 +1,85 @@
+"""commit_verified_state / copy_state_slots (Triton) vs their refs."""
+import pytest
+import torch
+from kernel_utils import DEVICE, gpu, require_triton
+
+require_triton()
+from hybrid_serve.kernels.state_ops import (  # noqa: E402
+    commit_verified_state, commit_verified_state_ref, copy_state_slots, copy_state_slots_ref,
+)
+
+
+def _rand(*shape, dtype=torch.float32, seed=0, device=DEVICE):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+
+
+def _i32(values, device=DEVICE):
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+@pytest.mark.parametrize("feature_shape,dtype", [((6, 3), torch.bfloat16), ((2, 8, 4), torch.float32)],
+                         ids=["conv-bf16", "ssm-fp32"])
+def test_commit_verified_state(feature_shape, dtype):
+    L, N, B, S = 3, 6, 5, 4
+    pool = _rand(L, N + 1, *feature_shape, dtype=dtype)
+    scratch = _rand(L, B + 1, S, *feature_shape, dtype=dtype, seed=1)
+    slots, steps = _i32([4, 0, 2, -1, 6]), _i32([3, 1, 0, 2, 1])  # rows 1 (padding) and 3 (no slot) skipped
+    want = pool.cpu().clone()
+    commit_verified_state_ref(want, scratch.cpu(), slots.cpu(), steps.cpu())
+    commit_verified_state(pool, scratch, slots, steps)
+    assert torch.equal(pool.cpu(), want)
+    assert torch.equal(pool[:, 4].cpu(), scratch[:, 0, 3].cpu())
+    assert torch.equal(pool[:, 6].cpu(), scratch[:, 4, 1].cpu())
+
+
+def test_commit_casts_and_handles_strided_layer_views():
+    pool_all = _rand(2, 4, 5, 3)  # e.g. a bigger pool; take every other layer
+    pool = pool_all[::2]
+    scratch = _rand(1, 2, 3, 5, 3, dtype=torch.bfloat16, seed=1)
+    commit_verified_state(pool, scratch, _i32([2, 3]), _i32([2, 0]))
+    assert torch.equal(pool_all[0, 2], scratch[0, 0, 2].float())
+    assert torch.equal(pool_all[0, 3], scratch[0, 1, 0].float())
+
+
+def test_copy_state_slots():
+    pool = _rand(4, 8, 3, 5)
+    want = pool.cpu().clone()
+    src, dst = _i32([1, 2, 2, 3]), _i32([5, 6, 0, 7])  # the (2, 0) pair is padding
+    copy_state_slots_ref(want, src.cpu(), dst.cpu())
+    copy_state_slots(pool, src, dst)
+    assert torch.equal(pool.cpu(), want)
+
+
+def test_state_ops_reject_bad_inputs():
+    pool = _rand(2, 5, 4)
+    with pytest.raises(ValueError, match="distinct"):
+        copy_state_slots(pool, _i32([1, 2]), _i32([3, 3]))
+    with pytest.raises(ValueError, match="disjoint"):
+        copy_state_slots(pool, _i32([1, 3]), _i32([3, 4]))
+    with pytest.raises(ValueError, match="dst_slots"):
+        copy_state_slots(pool, _i32([1]), _i32([5]))
+    scratch = _rand(2, 2, 3, 4)
+    with pytest.raises(ValueError, match="accepted_steps"):
+        commit_verified_state(pool, scratch, _i32([1, 2]), _i32([0, 3]))
+    with pytest.raises(ValueError, match="rows"):
+        commit_verified_state(pool, scratch, _i32([1, 2, 3]), _i32([0, 0, 0]))
+    with pytest.raises(ValueError, match="scratch"):
+        commit_verified_state(pool, scratch[:, :, :, :2], _i32([1]), _i32([0]))
+
+
+@gpu
+def test_state_ops_serving_shapes_gpu():
+    """2.3B Qwen3.5 layout, 18 GDN layers: ssm [18, N+1, 32, 128, 128] fp32, batch 16, 5 steps."""
+    L, N, B, S = 18, 40, 16, 5
+    pool = _rand(L, N + 1, 32, 128, 128, device="cuda")
+    scratch = _rand(L, B, S, 32, 128, 128, seed=1, device="cuda")
+    slots = torch.arange(1, B + 1, dtype=torch.int32, device="cuda")
+    steps = torch.randint(0, S, (B,), dtype=torch.int32, device="cuda")
+    want = pool.clone()
+    commit_verified_state_ref(want, scratch, slots, steps)
+    commit_verified_state(pool, scratch, slots, steps)
+    assert torch.equal(pool, want)
+    src, dst = slots[:8], slots[8:] + 20
+    copy_state_slots_ref(want, src, dst)
+    copy_state_slots(pool, src, dst)
+    assert torch.equal(pool, want)
