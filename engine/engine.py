@@ -50,6 +50,7 @@ class LLMEngine:
                                   enable_prefix_cache=config.enable_prefix_cache)
         self.scheduler = Scheduler(config, self.cache)
         self._seed_rng = random.Random(config.seed)
+        self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
 
     # ----- requests ----------------------------------------------------------------------
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -90,6 +91,8 @@ class LLMEngine:
             self.channel.send(plan)
         logits = self.shard.execute(plan)
         sampling = [c.request for c in chunks if c.samples]
+        if self.logits_hook is not None and sampling:
+            self.logits_hook(sampling, logits)
         tokens = sample(logits, sampling) if sampling else []
         self.scheduler.after_step(chunks)
         for req, token in zip(sampling, tokens):

@@ -29,23 +29,22 @@ def _mask_logits(logits: torch.Tensor, req: Request) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
     """logits: [B, V] fp32, row b for requests[b]. Returns the sampled token ids, and records
-    logprobs on requests that asked for them."""
-    tokens: list[int] = []
-    for row, req in zip(logits, requests):
-        if len(req.output_token_ids) < req.params.min_tokens:
-            banned = list(req.stop_token_set())
-            if banned:
-                row = row.clone()
-                row[banned] = float("-inf")
-        if req.params.greedy:
-            token = int(torch.argmax(row))
-        else:
-            probs = torch.softmax(_mask_logits(row, req), dim=-1)
-            token = int(torch.multinomial(probs, 1, generator=req.generator))
-        tokens.append(token)
+    logprobs on requests that asked for them. Greedy rows take one batched argmax (one host
+    transfer for the whole batch); seeded rows draw from their own generators."""
+    banned_rows = [(b, list(r.stop_token_set())) for b, r in enumerate(requests)
+                   if len(r.output_token_ids) < r.params.min_tokens and r.stop_token_set()]
+    if banned_rows:
+        logits = logits.clone()
+        for b, banned in banned_rows:
+            logits[b, banned] = float("-inf")
+    tokens = logits.argmax(dim=-1).tolist()  # [B]
+    for b, req in enumerate(requests):
+        if not req.params.greedy:
+            probs = torch.softmax(_mask_logits(logits[b], req), dim=-1)
+            tokens[b] = int(torch.multinomial(probs, 1, generator=req.generator))
         if req.logprobs is not None:
-            req.logprobs.append(_logprobs(row, token, req.params.logprobs))
-            req.cumulative_logprob += req.logprobs[-1][token].logprob
+            req.logprobs.append(_logprobs(logits[b], tokens[b], req.params.logprobs))
+            req.cumulative_logprob += req.logprobs[-1][tokens[b]].logprob
     return tokens
 
 

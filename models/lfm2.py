@@ -19,6 +19,7 @@ from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, RMSNorm, RotaryEmbedding, RowParallelLinear,
     VocabParallelEmbedding, rope_parameters,
 )
+from .layers.linear import KVParallelLinear, kv_heads_per_rank
 from .layers.parallel import divide, tp_size
 from .layers.short_conv import ShortConv
 
@@ -54,10 +55,10 @@ class Lfm2Attention(nn.Module):
         self.head_dim = lfm2_head_dim(hf_config)
         total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
         self.num_heads = divide(total_heads, tp, "num_attention_heads")
-        self.num_kv_heads = divide(total_kv, tp, "num_key_value_heads")
+        self.num_kv_heads = kv_heads_per_rank(total_kv)
         self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim)
-        self.k_proj = ColumnParallelLinear(h, total_kv * self.head_dim)
-        self.v_proj = ColumnParallelLinear(h, total_kv * self.head_dim)
+        self.k_proj = KVParallelLinear(h, total_kv, self.head_dim)
+        self.v_proj = KVParallelLinear(h, total_kv, self.head_dim)
         self.out_proj = RowParallelLinear(total_heads * self.head_dim, h)
         self.q_layernorm = RMSNorm(self.head_dim, eps=hf_config.norm_eps)
         self.k_layernorm = RMSNorm(self.head_dim, eps=hf_config.norm_eps)
@@ -154,7 +155,7 @@ class Lfm2ForCausalLM(HybridForCausalLM):
             return None
         c = self.hf_config
         head_dim = lfm2_head_dim(c)
-        return KVSpec(divide(c.num_key_value_heads, tp_size(), "num_key_value_heads"), head_dim, head_dim)
+        return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
         """input_ids, positions: [T] -> hidden [T, H] after the final norm."""

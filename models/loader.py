@@ -85,7 +85,7 @@ def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[
 
 def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, torch.Tensor]]:
     """Random full-size weights, as a checkpoint would hold them: each tensor drawn from its own
-    generator seeded by (seed, name), so every TP rank slices the same model. N(0, 0.02) for
+    CPU generator seeded by (seed, name), so every TP rank and every device get the same model. N(0, 0.02) for
     matrices, N(0, 0.1) for vectors."""
     from .layers import parallel
 
@@ -97,11 +97,10 @@ def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, t
         full.tie_weights()
     finally:
         parallel.set_tp_group(*saved)
-    device = torch.device(device)
-    for name, param in full.named_parameters():
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    for name, param in full.named_parameters():  # drawn on the CPU: the same weights on every device
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         std = 0.02 if param.dim() > 1 else 0.1
-        yield name, torch.randn(param.shape, generator=gen, device=device) * std
+        yield name, (torch.randn(param.shape, generator=gen) * std).to(device)
 
 
 # config fields whose heads/groups are split across tensor-parallel ranks
@@ -119,6 +118,8 @@ def check_tp_size(model_dir: str, tp_size: int) -> None:
     hf_config = load_hf_config(model_dir)
     for attr in _TP_SPLIT_FIELDS:
         value = getattr(hf_config, attr, None)
+        if attr == "num_key_value_heads" and isinstance(value, int) and value and tp_size % value == 0:
+            continue  # more ranks than KV heads: each rank keeps a replica of one head
         if isinstance(value, int) and value % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide the model's {attr}={value}")
     cls = model_class(resolve_architecture(hf_config))

@@ -16,6 +16,7 @@ from .layers import (
 )
 from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
+from .layers.linear import KVParallelLinear, kv_heads_per_rank
 from .layers.parallel import divide, tp_size
 
 
@@ -29,12 +30,12 @@ class GatedAttention(nn.Module):
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
         self.num_heads = divide(total_heads, tp, "num_attention_heads")
-        self.num_kv_heads = divide(total_kv, tp, "num_key_value_heads")
+        self.num_kv_heads = kv_heads_per_rank(total_kv)
         bias = getattr(hf_config, "attention_bias", False)
         h = hf_config.hidden_size
         self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim * 2, bias=bias)
-        self.k_proj = ColumnParallelLinear(h, total_kv * self.head_dim, bias=bias)
-        self.v_proj = ColumnParallelLinear(h, total_kv * self.head_dim, bias=bias)
+        self.k_proj = KVParallelLinear(h, total_kv, self.head_dim, bias=bias)
+        self.v_proj = KVParallelLinear(h, total_kv, self.head_dim, bias=bias)
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps, zero_centered=True)
         self.k_norm = RMSNorm(self.head_dim, eps=hf_config.rms_norm_eps, zero_centered=True)
@@ -140,7 +141,7 @@ class Qwen3_5ForCausalLM(HybridForCausalLM):
     def kv_spec(self) -> KVSpec:
         c = self.hf_config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return KVSpec(divide(c.num_key_value_heads, tp_size(), "num_key_value_heads"), head_dim, head_dim)
+        return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
         hidden = self.model.embed_tokens(input_ids)

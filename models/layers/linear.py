@@ -87,3 +87,43 @@ class ReplicatedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+def kv_heads_per_rank(total_kv_heads: int) -> int:
+    """KV heads on this rank: split when tp divides them; with more ranks than KV heads each
+    rank keeps one head, replicated tp/num_kv_heads times (GQA with tp > num_kv_heads)."""
+    tp = tp_size()
+    if total_kv_heads >= tp:
+        return divide(total_kv_heads, tp, "num_key_value_heads")
+    if tp % total_kv_heads:
+        raise ValueError(f"tp_size={tp} must divide or be a multiple of num_key_value_heads={total_kv_heads}")
+    return 1
+
+
+class KVParallelLinear(nn.Module):
+    """k_proj / v_proj: output heads split across ranks, or, when tp > num_kv_heads, rank r
+    holds the single head r // (tp / num_kv_heads). Weight: [heads_on_rank * head_dim, in]."""
+
+    def __init__(self, input_size: int, total_kv_heads: int, head_dim: int, bias: bool = False) -> None:
+        super().__init__()
+        self.num_heads = kv_heads_per_rank(total_kv_heads)
+        tp = tp_size()
+        first_head = tp_rank() * self.num_heads if total_kv_heads >= tp else tp_rank() // (tp // total_kv_heads)
+        rows = slice(first_head * head_dim, (first_head + self.num_heads) * head_dim)
+        out = total_kv_heads * head_dim
+
+        def loader(p: torch.Tensor, full: torch.Tensor, name: str = "") -> None:
+            if full.shape[0] != out:
+                raise ValueError(f"shape mismatch for {name}: model expects {out} rows before sharding, "
+                                 f"checkpoint {tuple(full.shape)}")
+            copy_checked(p, full[rows], name)
+
+        self.weight = nn.Parameter(torch.empty(self.num_heads * head_dim, input_size))
+        self.weight.weight_loader = loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.num_heads * head_dim))
+            self.bias.weight_loader = loader
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)

@@ -95,3 +95,15 @@ def _check(tp, replicas, use_gpu=False):
     from hybrid_serve.cluster.placement import check_feasible
 
     check_feasible(tp, replicas, use_gpu)
+
+
+def test_tp4_with_two_kv_heads_replicates_them(reference_models, two_node_cluster):
+    model_dir, _ = reference_models("lfm2")  # 4 query heads, 2 KV heads: each rank keeps one KV head
+    prompts = _prompts(3, seed=2)
+    want = [o.outputs[0].token_ids for o in LLM(model=model_dir, dtype="float32").generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, dtype="float32", tp_size=4)
+    try:
+        got = llm.generate(prompts, GREEDY)
+    finally:
+        llm.shutdown()
+    assert [o.outputs[0].token_ids for o in got] == want

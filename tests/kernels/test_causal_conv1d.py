@@ -98,11 +98,12 @@ def test_conv_verify_writes_every_window_and_not_the_pool():
     assert torch.isnan(scratch[3]).all()
 
 
-def test_conv_rejects_bad_inputs():
+def test_conv_rejects_bad_inputs(monkeypatch):
+    monkeypatch.setenv("HYBRID_SERVE_KERNEL_CHECKS", "1")  # index checks sync, so CUDA runs them on request
     x, w, b, pool = _setup([2], [1], 8, 4, torch.float32, False)
-    slots, cu = torch.tensor([1], dtype=torch.int32), cu_seqlens([2])
+    slots, cu = torch.tensor([1], dtype=torch.int32, device=x.device), cu_seqlens([2])
     with pytest.raises(ValueError, match="state_slots"):
-        causal_conv1d_varlen(x, w, b, pool, torch.tensor([NUM_SLOTS + 1], dtype=torch.int32), cu)
+        causal_conv1d_varlen(x, w, b, pool, torch.tensor([NUM_SLOTS + 1], dtype=torch.int32, device=x.device), cu)
     with pytest.raises(ValueError, match="cu_seqlens"):
         causal_conv1d_varlen(x, w, b, pool, slots, cu_seqlens([3]))
     with pytest.raises(ValueError, match="conv_states"):

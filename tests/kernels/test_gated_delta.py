@@ -87,13 +87,13 @@ def test_gdn_rejects_bad_inputs():
     q, k, v, gate, beta, pool = _inputs([2], [1], 2, 4, 8, 8, torch.float32, 3)
     cu = cu_seqlens([2])
     with pytest.raises(ValueError, match="state_slots"):
-        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([4], dtype=torch.int32), cu)
+        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([4], dtype=torch.int32, device=DEVICE), cu)
     with pytest.raises(ValueError, match="multiple"):
         gated_delta_rule_recurrent(q, k, v[:, :3], gate[:, :3], beta[:, :3], pool[:, :3],
-                                   torch.tensor([1], dtype=torch.int32), cu)
+                                   torch.tensor([1], dtype=torch.int32, device=DEVICE), cu)
     with pytest.raises(ValueError, match="intermediate_states"):
-        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([1], dtype=torch.int32), cu,
-                                   intermediate_states=torch.zeros(1, 1, 4, 8, 8))
+        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([1], dtype=torch.int32, device=DEVICE), cu,
+                                   intermediate_states=torch.zeros(1, 1, 4, 8, 8, device=DEVICE))
 
 
 @gpu

@@ -69,7 +69,7 @@ def test_ssm_verify_writes_each_step_and_not_the_pool():
     x, dt, A, B, C, D, dt_bias, pool = _inputs(lens, slots, H, G, P, N, torch.float32, 6)
     before = pool.clone()
     scratch = torch.full((4, steps, H, P, N), float("nan"), device=DEVICE)
-    y = selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, pool, torch.tensor(slots, dtype=torch.int32),
+    y = selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, pool, torch.tensor(slots, dtype=torch.int32, device=DEVICE),
                                       cu_seqlens(lens), intermediate_states=scratch)
     assert torch.equal(pool.isnan(), before.isnan()) and torch.equal(pool.nan_to_num(), before.nan_to_num())
     ref_pool = before.clone()
@@ -91,10 +91,10 @@ def test_ssm_rejects_bad_inputs():
     x, dt, A, B, C, D, dt_bias, pool = _inputs([2], [1], 4, 2, 4, 8, torch.float32, 3)
     cu = cu_seqlens([2])
     with pytest.raises(ValueError, match="state_slots"):
-        selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, pool, torch.tensor([9], dtype=torch.int32), cu)
+        selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, pool, torch.tensor([9], dtype=torch.int32, device=DEVICE), cu)
     with pytest.raises(ValueError, match="groups"):
         selective_state_update_varlen(x[:, :3], dt[:, :3], A[:3], B, C, D[:3], dt_bias[:3], pool[:, :3],
-                                      torch.tensor([1], dtype=torch.int32), cu)
+                                      torch.tensor([1], dtype=torch.int32, device=DEVICE), cu)
 
 
 @gpu

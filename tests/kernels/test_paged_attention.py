@@ -16,7 +16,7 @@ def _batch(prefix_lens, extend_lens, Hq, Hkv, D, Dv, dtype, device=DEVICE, seed=
     num_rows = num_rows or batch + 2
     max_context = max(ctx) + 3
     perm = torch.randperm(num_slots - 1, generator=g) + 1
-    req_to_token = torch.zeros(num_rows + 1, max_context, dtype=torch.int32)
+    req_to_token = torch.zeros(num_rows + 1, max_context, dtype=torch.int32, device=DEVICE)
     req_rows = torch.randperm(num_rows, generator=g)[:batch] + 1  # distinct, never the padding row 0
     used = 0
     for row, n in zip(req_rows.tolist(), ctx):
@@ -71,7 +71,7 @@ def test_attention_long_rows_span_many_blocks():
 
 def test_attention_rejects_bad_inputs():
     q, k_cache, v_cache, req_to_token, req_rows = _batch([2], [1], 4, 2, 16, 16, torch.float32)
-    prefix, cu = torch.tensor([2], dtype=torch.int32), cu_seqlens([1])
+    prefix, cu = torch.tensor([2], dtype=torch.int32, device=DEVICE), cu_seqlens([1])
     with pytest.raises(ValueError, match="req_rows"):
         paged_attention(q, k_cache, v_cache, req_to_token, req_rows + 100, prefix, cu, 1.0)
     with pytest.raises(ValueError, match="prefix_lens"):

@@ -1,0 +1,123 @@
+"""Decode step time of the 2.3B Qwen3.5-layout model (bf16 weights, fp32 GDN state, dummy
+weights) at batch 1 / 16 / 64 against the HBM roofline, with CUDA graphs.
+
+    python benchmarks/decode_bench.py [--batches 1,16,64] [--prompt 512]     # on a GPU
+Roofline (as in shared/tools/hf_baseline.py): (weight bytes + batch * GDN state bytes read and
+written) / measured copy bandwidth; `roofline_kv` adds the KV bytes read. Writes one JSON per
+metric to $OUT/results (metric, value, unit, device, commit, date, workload, baseline).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from model_configs import write_model_dir  # noqa: E402
+
+from hybrid_serve import LLM, SamplingParams  # noqa: E402
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    bw = 20 * 2 * x.numel() / (time.perf_counter() - t)
+    del x, y
+    torch.cuda.empty_cache()
+    return bw
+
+
+def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int) -> list[float]:
+    engine = llm.engine
+    gen = torch.Generator().manual_seed(batch)
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    ids = [engine.add_request(f"b{batch}-{i}", torch.randint(10, 150000, (prompt_len,), generator=gen).tolist(),
+                              params)[0] for i in range(batch)]
+    while any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefill (chunked) until every request decodes
+    for _ in range(3):
+        engine.step()  # warm-up (graph capture for this batch size)
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    for seq_id in ids:
+        engine.abort(seq_id)
+    engine.step()
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--graphs", type=int, default=1)
+    args = ap.parse_args()
+    out_dir = os.path.join(os.environ.get("OUT", "./bench_out"), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    device = torch.cuda.get_device_name(0)
+    bw = copy_bandwidth()
+    print(f"{device}: copy bandwidth {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_model_dir("qwen3_5_2p3b", tmp)
+        t = time.perf_counter()
+        llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=64,
+                  max_num_batched_tokens=8192, chunked_prefill_size=2048, enable_prefix_cache=False,
+                  max_model_len=2048, enable_cuda_graphs=bool(args.graphs))
+        print(f"engine start {time.perf_counter() - t:.1f} s", flush=True)
+        model = llm.engine.model
+        cfg = llm.engine.hf_config
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        n_gdn = model.layer_ids.num_state_layers
+        n_attn = model.layer_ids.num_attn_layers
+        state_bytes = n_gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * 2
+        results = []
+        for batch in [int(b) for b in args.batches.split(",")]:
+            times = decode_step_times(llm, batch, args.prompt, args.steps)
+            step = statistics.median(times)
+            ctx = args.prompt + args.steps // 2
+            kv_bytes = n_attn * ctx * cfg.num_key_value_heads * cfg.head_dim * 2 * 2
+            roof = (weight_bytes + batch * state_bytes) / bw
+            roof_kv = (weight_bytes + batch * (state_bytes + kv_bytes)) / bw
+            row = {"batch": batch, "step_ms": step * 1e3, "tok_per_s": batch / step, "roofline_ms": roof * 1e3,
+                   "fraction": roof / step, "roofline_kv_ms": roof_kv * 1e3, "fraction_kv": roof_kv / step}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    commit = os.environ.get("COMMIT", "unknown")
+    date = datetime.date.today().isoformat()
+    workload = (f"qwen3_5_2p3b bf16 dummy weights, fp32 GDN state, prompt {args.prompt} random tokens, greedy decode, "
+                f"median of {args.steps} engine steps, CUDA graphs {'on' if args.graphs else 'off'}")
+    for row in results:
+        if row["batch"] in (1, 64):
+            record = {"metric": f"decode_roofline_fraction_bs{row['batch']}", "value": round(row["fraction"], 4),
+                      "unit": "fraction of HBM roofline", "device": device, "commit": commit, "date": date,
+                      "workload": workload, "step_ms": round(row["step_ms"], 3),
+                      "roofline_ms": round(row["roofline_ms"], 3), "copy_bandwidth_TBps": round(bw / 1e12, 3),
+                      "baseline": os.environ.get("BASELINE", "see hf_baseline.log of the same run")}
+            json.dump(record, open(os.path.join(out_dir, f"{record['metric']}.json"), "w"), indent=1)
+    print(f"{'batch':>5} {'step ms':>8} {'tok/s':>8} {'roof ms':>8} {'% roof':>7} {'% roof+KV':>9}")
+    for r in results:
+        print(f"{r['batch']:5d} {r['step_ms']:8.2f} {r['tok_per_s']:8.0f} {r['roofline_ms']:8.2f} "
+              f"{100 * r['fraction']:6.1f}% {100 * r['fraction_kv']:8.1f}%")
+
+
+if __name__ == "__main__":
+    main()
