@@ -1,12 +1,18 @@
-"""Command line: `hybrid-serve generate "a prompt" [--model DIR] [--max-tokens N] [--temperature T]`.
+"""Command line:
 
-Without --model it runs the built-in demo model (random weights, real tokenizer) on CPU.
+    hybrid-serve generate "a prompt" [--model DIR] [--max-tokens N] [--temperature T]
+    hybrid-serve serve [--model DIR] [--tp N] [--replicas N] [--host 127.0.0.1] [--port 8000] [--address auto]
+
+Without --model both run the built-in demo model (random weights, real tokenizer) on CPU.
+`serve` starts (or joins) a Ray cluster and serves the OpenAI API until SIGINT/SIGTERM.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+
+from .deploy.launcher import add_serve_arguments
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -49,7 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto")
     gen.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"])
     gen.set_defaults(func=_generate)
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API on Ray Serve")
+    add_serve_arguments(srv)
+    srv.set_defaults(func=_serve)
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .deploy.launcher import serve_main
+
+    return serve_main(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,6 +50,7 @@ class LLMEngine:
                                   enable_prefix_cache=config.enable_prefix_cache)
         self.scheduler = Scheduler(config, self.cache)
         self._seed_rng = random.Random(config.seed)
+        self.requests: dict[str, Request] = {}  # live sequences by id
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
 
     # ----- requests ----------------------------------------------------------------------
@@ -68,15 +69,32 @@ class LLMEngine:
                                            params.include_stop_str_in_output)
             seq_id = request_id if i == 0 else f"{request_id}#{i}"
             req = Request(seq_id, prompt_token_ids, params, detok, self.eos_token_ids, seed, self.device)
+            self.requests[seq_id] = req
             self.scheduler.add(req)
             ids.append(seq_id)
         return ids
 
     def abort(self, seq_id: str) -> None:
-        for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-            if req.request_id == seq_id:
-                req.finish_reason = "abort"
-                self.scheduler.finish(req)  # its cache ops reach the shards with the next step
+        """End a sequence now (finish_reason "abort"), releasing what it holds."""
+        req = self.requests.pop(seq_id, None)
+        if req is None or req.finished:
+            return
+        req.finish_reason = "abort"
+        self.scheduler.finish(req)
+        if not self.scheduler.has_unfinished():
+            self._execute(self._plan([]))  # no next step will carry the release: apply it now
+
+    def get_request(self, seq_id: str) -> Request | None:
+        return self.requests.get(seq_id)
+
+    def stats(self) -> dict[str, float]:
+        """Gauges and cumulative counters for metrics."""
+        cache = self.cache.stats
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                **self.cache.usage(), "prefix_queries": cache.prefix_queries,
+                "prefix_query_tokens": cache.prefix_query_tokens, "kv_hit_tokens": cache.kv_hit_tokens,
+                "checkpoint_hit_tokens": cache.checkpoint_hit_tokens, "evicted_pages": cache.evicted_pages,
+                "evicted_checkpoints": cache.evicted_checkpoints, "preemptions": self.scheduler.num_preemptions}
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -86,10 +104,7 @@ class LLMEngine:
         """One step: schedule -> run on the shard(s) -> sample and postprocess. Returns the
         requests that produced a token (finished ones included)."""
         chunks = self.scheduler.schedule()
-        plan = self._plan(chunks)
-        if self.channel is not None:
-            self.channel.send(plan)
-        logits = self.shard.execute(plan)
+        logits = self._execute(self._plan(chunks))
         sampling = [c.request for c in chunks if c.samples]
         if self.logits_hook is not None and sampling:
             self.logits_hook(sampling, logits)
@@ -99,6 +114,7 @@ class LLMEngine:
             req.append_token(token)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
+                self.requests.pop(req.request_id, None)
         if self.config.check_integrity and not self.scheduler.has_unfinished():
             self.cache.check_empty()
         return sampling
@@ -118,10 +134,13 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.cache.reset_prefix_cache()
-        plan = self._plan([])  # carries the pending cache ops
+        self._execute(self._plan([]))  # carries the pending cache ops
+
+    def _execute(self, plan: StepPlan):
+        """Run a plan on every shard: broadcast to the other ranks, then run shard 0."""
         if self.channel is not None:
             self.channel.send(plan)
-        self.shard.execute(plan)
+        return self.shard.execute(plan)
 
 
 def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
@@ -131,6 +150,9 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_s
     bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+    bad_stops = [t for t in params.stop_token_ids if t >= vocab_size]
+    if bad_stops:
+        raise ValueError(f"stop_token_ids {bad_stops[:5]} are outside the vocabulary [0, {vocab_size})")
     total = len(prompt_token_ids) + params.max_tokens
     if total > max_model_len:
         raise ValueError(f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} = {total} "

@@ -49,6 +49,7 @@ class Request:
             else:
                 self.generator.manual_seed(seed)
         self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None  # set by the scheduler at first admission
         self.first_token_time: float | None = None
 
     @property

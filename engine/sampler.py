@@ -7,6 +7,8 @@ import torch
 from .outputs import Logprob
 from .request import Request
 
+MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (dividing by it overflows)
+
 
 def _mask_logits(logits: torch.Tensor, req: Request) -> torch.Tensor:
     """logits: [V] fp32. Temperature, top-k, top-p, min-p; returns masked, scaled logits."""
@@ -20,6 +22,7 @@ def _mask_logits(logits: torch.Tensor, req: Request) -> torch.Tensor:
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the mass before it already reaches top_p (always keep the first)
         drop = (torch.cumsum(probs, dim=-1) - probs) >= p.top_p
+        drop[0] = False  # the most likely token always stays
         logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
     if p.min_p > 0.0:
         probs = torch.softmax(logits, dim=-1)
@@ -39,9 +42,10 @@ def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
             logits[b, banned] = float("-inf")
     tokens = logits.argmax(dim=-1).tolist()  # [B]
     for b, req in enumerate(requests):
-        if not req.params.greedy:
+        if not req.params.greedy and req.params.temperature >= MIN_TEMPERATURE:
             probs = torch.softmax(_mask_logits(logits[b], req), dim=-1)
-            tokens[b] = int(torch.multinomial(probs, 1, generator=req.generator))
+            if torch.isfinite(probs).all() and probs.sum() > 0:  # else (overflow): keep the argmax
+                tokens[b] = int(torch.multinomial(probs, 1, generator=req.generator))
         if req.logprobs is not None:
             req.logprobs.append(_logprobs(logits[b], tokens[b], req.params.logprobs))
             req.cumulative_logprob += req.logprobs[-1][tokens[b]].logprob

@@ -12,6 +12,7 @@ prefix cache's help). A request samples whenever its chunk reaches the end of it
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -89,6 +90,7 @@ class Scheduler:
             req.num_computed_tokens = self.cache.num_cached_tokens(alloc)
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = req.num_computed_tokens
+                req.first_scheduled_time = time.monotonic()
             n = self._chunk_len(req, budget)
             if not self.cache.ensure_kv(alloc, req.num_computed_tokens + n):
                 self.cache.release(alloc)

@@ -1,0 +1,55 @@
+"""build_app: the Serve application of hybrid-serve (OpenAI-compatible HTTP).
+
+Python::
+
+    import ray
+    from ray import serve
+    from hybrid_serve.deploy.app import build_app
+
+    ray.init()
+    serve.start(http_options={"host": "127.0.0.1", "port": 8000})
+    serve.run(build_app({"model": "/models/Qwen3.5-0.8B", "replicas": 2}), name="hybrid-serve")
+    # POST http://127.0.0.1:8000/v1/chat/completions ... ; GET /metrics
+
+YAML (`serve run deploy/serve.yaml`, or `serve deploy` to a running cluster)::
+
+    applications:
+      - name: hybrid-serve
+        route_prefix: /
+        import_path: hybrid_serve.deploy.app:build_app
+        args:
+          model: null        # the built-in demo model
+          replicas: 2
+          engine_args: {max_num_seqs: 32}
+
+`args` are the fields of `AppConfig` (deploy/config.py); unknown keys are rejected.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from .config import AppConfig
+from .engine_client import check_supported
+from .ingress import OpenAIIngress
+from .server import LLMServer
+
+
+def build_app(args: dict[str, Any] | None = None) -> Application:
+    """An Application: `OpenAIIngress` (tokenize, validate, stream, /metrics) over
+    `LLMServer` x `replicas` (one engine each)."""
+    config = AppConfig.from_args(args)
+    check_supported(config)
+    rank0 = {"num_cpus": config.num_cpus_per_replica}
+    if config.gpus_per_shard:
+        rank0["num_gpus"] = config.gpus_per_shard
+    options = {}
+    if config.tp > 1:  # one bundle per TP rank, packed on one node: rank 0 is the replica itself
+        shard = {"CPU": 1.0, **({"GPU": config.gpus_per_shard} if config.gpus_per_shard else {})}
+        first = {"CPU": config.num_cpus_per_replica, **({"GPU": config.gpus_per_shard} if config.gpus_per_shard else {})}
+        options = {"placement_group_bundles": [first] + [shard] * (config.tp - 1),
+                   "placement_group_strategy": "STRICT_PACK"}
+    server = LLMServer.options(num_replicas=config.replicas, ray_actor_options=rank0,
+                               max_ongoing_requests=config.max_ongoing_requests, **options)
+    return OpenAIIngress.bind(config, server.bind(config))

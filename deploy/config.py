@@ -1,0 +1,106 @@
+"""AppConfig: the Serve application's arguments (`build_app(args)`, the YAML's `args:`).
+
+Frozen and validated in `__post_init__`; `from_args` rejects unknown keys, so a typo in a
+YAML fails at deploy time with the list of known keys.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+API_KEY_ENV = "HYBRID_SERVE_API_KEY"
+DEMO_MODEL_NAME = "demo"
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    model: str | None = None  # Hugging Face model directory; None: the built-in demo model
+    served_model_name: str | None = None  # default: the directory's name, or "demo"
+    tokenizer: str | None = None  # default: the model directory
+    tp: int = 1  # tensor-parallel shards per replica
+    replicas: int = 1  # engine replicas (data parallel)
+    device: str = "cpu"  # cpu | cuda
+    dtype: str = "auto"
+    load_format: str | None = None  # default: "dummy" for the demo model, else "auto"
+    seed: int | None = None  # dummy weights / unseeded sampling; default: the demo's seed or 0
+    engine_args: dict[str, Any] = field(default_factory=dict)  # more EngineConfig fields
+    num_cpus_per_replica: float = 1.0
+    num_gpus_per_shard: float | None = None  # default: 1 on cuda, 0 on cpu
+    torch_num_threads: int | None = None  # default: num_cpus_per_replica (at least 1)
+    max_ongoing_requests: int = 256  # Serve's per-replica limit of concurrent calls
+    max_waiting_requests: int = 256  # engine queue per replica beyond which requests get 503
+    api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY
+    max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
+    metrics_push_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "replicas", "max_ongoing_requests", "max_waiting_requests", "max_body_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.num_cpus_per_replica >= 0:
+            raise ValueError(f"num_cpus_per_replica must be >= 0, got {self.num_cpus_per_replica!r}")
+        if not self.metrics_push_interval_s > 0:
+            raise ValueError(f"metrics_push_interval_s must be > 0, got {self.metrics_push_interval_s!r}")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.model is not None and not os.path.isdir(self.model):
+            raise ValueError(f"model directory {self.model!r} does not exist")
+        known = {f.name for f in dataclasses.fields(_engine_config_cls())}
+        owned = {"model", "tokenizer", "device", "dtype", "load_format", "seed"}
+        unknown = sorted(set(self.engine_args) - (known - owned))
+        if unknown:
+            raise ValueError(f"unknown engine_args {unknown}; known: {sorted(known - owned)}")
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any] | None) -> "AppConfig":
+        args = dict(args or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"unknown hybrid-serve app args {unknown}; known: {sorted(known)}")
+        if args.get("api_key") is None and os.environ.get(API_KEY_ENV):
+            args["api_key"] = os.environ[API_KEY_ENV]
+        return cls(**args)
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name:
+            return self.served_model_name
+        if self.model is None:
+            return DEMO_MODEL_NAME
+        return os.path.basename(os.path.normpath(self.model))
+
+    @property
+    def gpus_per_shard(self) -> float:
+        if self.num_gpus_per_shard is not None:
+            return self.num_gpus_per_shard
+        return 1.0 if self.device.startswith("cuda") else 0.0
+
+    def engine_config(self):
+        """The EngineConfig of one replica's engine."""
+        from ..demo import DEMO_DIR, DEMO_SEED
+
+        demo = self.model is None
+        return _engine_config_cls()(
+            model=DEMO_DIR if demo else self.model,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            dtype=self.dtype,
+            load_format=self.load_format or ("dummy" if demo else "auto"),
+            seed=self.seed if self.seed is not None else (DEMO_SEED if demo else 0),
+            **self.engine_args,
+        )
+
+    def tokenizer_path(self) -> str:
+        from ..demo import DEMO_DIR
+
+        return self.tokenizer or self.model or DEMO_DIR
+
+
+def _engine_config_cls():
+    from ..engine.config import EngineConfig
+
+    return EngineConfig

@@ -1,0 +1,65 @@
+"""The engine-client interface: all that a replica (`LLMServer`) needs from its engine.
+
+The implementation is `AsyncLLMEngine`: one engine thread in the replica process, which is
+TP rank 0; with tp > 1 it drives the replica's `ShardWorker` actors (one per other rank, in
+the replica's placement group) through `ReplicaEngine`. `LLMServer` and the ingress do not
+depend on tp.
+"""
+from __future__ import annotations
+
+from typing import AsyncIterator, Callable, Protocol
+
+from ..engine.async_engine import ModelInfo, RequestDelta
+from ..engine.sampling_params import SamplingParams
+from .config import AppConfig
+
+
+class EngineClient(Protocol):
+    def model_info(self) -> ModelInfo: ...
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises ValueError naming the problem."""
+
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                 request_id: str) -> AsyncIterator[RequestDelta]:
+        """Deltas until every sequence finished; closing the iterator aborts the request."""
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def load(self) -> tuple[int, int]:
+        """(running, waiting) sequences."""
+
+    def check_health(self) -> None:
+        """Raises if the engine can no longer serve."""
+
+    def shutdown(self) -> None: ...
+
+
+EngineFactory = Callable[[AppConfig, str], EngineClient]
+
+
+def check_supported(config: AppConfig) -> None:
+    """Raises ValueError for a config no engine here can run (checked at deploy time, in
+    seconds): a tp that does not divide the model's heads."""
+    from ..models import check_tp_size
+
+    check_tp_size(config.engine_config().model, config.tp)
+
+
+def make_engine_client(config: AppConfig, replica: str) -> EngineClient:
+    """The engine client of one replica, labelled `replica` in metrics. With tp > 1 this
+    process is rank 0 and the other ranks are ShardWorker actors in the replica's placement
+    group (the bundles `build_app` asks Serve for)."""
+    import torch
+
+    from ..actors.replica import ReplicaEngine
+    from ..engine.async_engine import AsyncLLMEngine
+    from ..engine.llm import load_tokenizer
+
+    torch.set_num_threads(config.torch_num_threads or max(1, int(config.num_cpus_per_replica)))
+    engine_config = config.engine_config()
+    replica_engine = ReplicaEngine(engine_config, load_tokenizer(engine_config.tokenizer or engine_config.model),
+                                   tp_size=config.tp)
+    client = AsyncLLMEngine(replica_engine.engine, model_name=config.model_name, replica=replica)
+    client.on_shutdown = replica_engine.shutdown
+    return client

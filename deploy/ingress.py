@@ -1,0 +1,245 @@
+"""The HTTP ingress: a FastAPI app over `OpenAIServing`, and its Serve deployment.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics (the whole application's hybrid_serve_* metrics). `create_app` needs no Ray,
+so tests can drive it with a `LocalBackend`.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Awaitable, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import metrics
+from ..engine.llm import load_tokenizer
+from .config import AppConfig
+from .errors import APIError, GenerateError, internal, too_large, unauthorized, unavailable
+from .metrics_hub import MetricsPusher, get_hub
+from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList
+from .server import GenerateRequest
+from .serving import OpenAIServing
+
+logger = logging.getLogger(__name__)
+
+MetricsSource = Callable[[], Awaitable[bytes]]
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class BodyLimit:
+    """ASGI middleware: 413 (OpenAI shape) for a body over `max_bytes`, by header or as read."""
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._reject(send)
+        seen, rejected = 0, False
+
+        async def limited_receive():
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    rejected = True
+                    await self._reject(send)
+                    return {"type": "http.disconnect"}  # the app stops reading and answers no one
+            return message
+
+        async def guarded_send(message):
+            if not rejected:
+                await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not rejected:
+                raise
+
+    async def _reject(self, send) -> None:
+        err = too_large(f"the request body is larger than {self.max_bytes} bytes", None, "request_too_large")
+        await JSONResponse(err.body(), status_code=413)({"type": "http"}, None, send)
+
+
+class CountRequests:
+    """ASGI middleware: counts /v1/* responses by route and status code."""
+
+    ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+
+    def __init__(self, app, ingress_metrics: metrics.IngressMetrics) -> None:
+        self.app, self.metrics = app, ingress_metrics
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path not in self.ROUTES:
+            return await self.app(scope, receive, send)
+
+        async def counting_send(message):
+            if message["type"] == "http.response.start":
+                self.metrics.http_request(path, message["status"])
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def _error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status_code)
+
+
+def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = None) -> FastAPI:
+    config = serving.config
+    app = FastAPI(title="hybrid-serve", version="0.1.0",
+                  description="OpenAI-compatible API of hybrid-serve (hybrid attention + recurrent-state models).")
+
+    async def check_api_key(request: Request) -> None:
+        if config.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), config.api_key.encode()):
+            raise unauthorized()
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, exc: APIError):
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        if first.get("type") == "json_invalid":
+            loc = []
+        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        param = loc[0] if loc else None  # the request field (deeper parts name union branches)
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
+                                       "param": param, "code": None}}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        logger.exception("unhandled error on %s", request.url.path)
+        return _error_response(internal(f"internal error: {type(exc).__name__}: {exc}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse({"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}},
+                            status_code=exc.status_code)
+
+    def respond(result):
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    @app.post("/v1/completions", dependencies=[Depends(check_api_key)], responses=ERROR_RESPONSES)
+    async def completions(body: CompletionRequest):
+        return respond(await serving.completions(body))
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(check_api_key)], responses=ERROR_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest):
+        return respond(await serving.chat(body))
+
+    @app.get("/v1/models", dependencies=[Depends(check_api_key)], response_model=ModelList,
+             responses=ERROR_RESPONSES)
+    async def models():
+        return JSONResponse(await serving.models())
+
+    @app.get("/health", responses={503: ERROR_RESPONSES[503]})
+    async def health():
+        await serving.check_health()
+        return Response(status_code=200)
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus_metrics():
+        body = await metrics_source() if metrics_source else metrics.render([metrics.snapshot()])
+        return Response(body, media_type=metrics.CONTENT_TYPE)
+
+    if serving.metrics is not None:
+        app.add_middleware(CountRequests, ingress_metrics=serving.metrics)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    return app
+
+
+class ServeBackend:
+    """Reaches the LLMServer replicas through a Serve handle (Serve's own load-aware routing)."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+
+    async def model_info(self):
+        return await self.handle.model_info.remote()
+
+    async def check_health(self) -> None:
+        await self.handle.check_health.remote()
+
+    async def generate(self, request: GenerateRequest):
+        from ray.serve.exceptions import BackPressureError
+
+        gen = self.handle.options(stream=True).generate.remote(request)
+        try:
+            async for item in gen:
+                yield item
+        except BackPressureError as exc:
+            yield GenerateError(503, f"all replicas are busy: {exc}", code="overloaded")
+        except Exception as exc:
+            if _is_unavailable(exc):
+                yield GenerateError(503, f"no replica is available: {type(exc).__name__}", code="not_ready")
+            else:
+                raise
+        finally:
+            gen.cancel()
+
+
+def _is_unavailable(exc: Exception) -> bool:
+    import ray.exceptions as rex
+
+    kinds = tuple(getattr(rex, n) for n in ("RayActorError", "ActorUnavailableError", "ActorDiedError")
+                  if hasattr(rex, n))
+    serve_kinds = tuple(getattr(serve.exceptions, n) for n in ("DeploymentUnavailableError",)
+                        if hasattr(serve.exceptions, n))
+    return isinstance(exc, kinds + serve_kinds)
+
+
+@serve.deployment(name="OpenAIIngress", ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024)
+@serve.ingress()
+class OpenAIIngress:
+    async def __init__(self, config: AppConfig, llm_server) -> None:
+        ctx = serve.get_replica_context()
+        self.replica = ctx.replica_id.unique_id
+        tokenizer = load_tokenizer(config.tokenizer_path())
+        ingress_metrics = metrics.IngressMetrics(config.model_name, f"ingress:{self.replica}")
+        self.serving = OpenAIServing(config, ServeBackend(llm_server), tokenizer, ingress_metrics)
+        self.hub = get_hub(ctx.app_name)
+        self.source = f"ingress:{self.replica}"
+        self.pusher = MetricsPusher(self.hub, self.source, config.metrics_push_interval_s)
+        self.pusher.start()
+
+    async def _metrics(self) -> bytes:
+        try:
+            others = await asyncio.wait_for(self.hub.collect.remote(exclude=self.source), timeout=5)
+        except Exception:  # noqa: BLE001 - still show this process's own metrics
+            logger.warning("metrics hub unreachable", exc_info=True)
+            others = []
+        return metrics.render([metrics.snapshot()] + others)
+
+    def __serve_build_asgi_app__(self):
+        return create_app(self.serving, self._metrics)
+
+    async def __del__(self) -> None:
+        await self.pusher.stop()
+
+
+__all__ = ["OpenAIIngress", "ServeBackend", "create_app", "unavailable"]

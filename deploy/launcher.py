@@ -1,0 +1,121 @@
+"""`hybrid-serve serve`: start or join a Ray cluster, deploy the app, wait for a signal.
+
+    hybrid-serve serve                        # demo model, a local Ray, http://127.0.0.1:8000/v1
+    hybrid-serve serve --model DIR --replicas 2 --address auto   # join a running cluster
+
+It prints the URL once `/health` answers, and on SIGINT/SIGTERM deletes the application
+(and, if it started Ray itself, shuts Serve and Ray down) before exiting 0.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+APP_NAME = "hybrid-serve"
+
+
+def add_serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="Hugging Face model directory (default: built-in demo)")
+    p.add_argument("--served-model-name", default=None, help="model id in the API (default: directory name)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel shards per replica")
+    p.add_argument("--replicas", type=int, default=1, help="engine replicas")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--address", default=None,
+                   help="Ray cluster: 'auto' or HOST:PORT to join, 'local' for a new one; default: "
+                        "$RAY_ADDRESS, else the cluster `ray start` started here, else a new local one")
+    p.add_argument("--num-cpus", type=float, default=None, help="CPUs of a new local Ray (default: all)")
+    p.add_argument("--num-cpus-per-replica", type=float, default=1.0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' ($HYBRID_SERVE_API_KEY)")
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+
+
+def app_args(args: argparse.Namespace) -> dict:
+    engine = {k: v for k, v in (("max_model_len", args.max_model_len), ("max_num_seqs", args.max_num_seqs))
+              if v is not None}
+    out = {"model": args.model, "served_model_name": args.served_model_name, "tp": args.tp,
+           "replicas": args.replicas, "device": args.device, "dtype": args.dtype,
+           "num_cpus_per_replica": args.num_cpus_per_replica, "engine_args": engine}
+    if args.api_key:
+        out["api_key"] = args.api_key
+    return out
+
+
+def wait_healthy(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    return False
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    from .config import AppConfig
+    from .engine_client import check_supported
+
+    try:
+        config = AppConfig.from_args(app_args(args))  # fail fast, before Ray starts
+        check_supported(config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    import ray
+    from ray import serve
+
+    from .app import build_app
+
+    init_kwargs = {"address": args.address}
+    if args.address is None and args.num_cpus is not None:
+        init_kwargs["num_cpus"] = args.num_cpus
+    ray.init(**init_kwargs)
+    from ..cluster.placement import check_feasible
+
+    try:  # more shards than the cluster's GPUs/CPUs: say so now, not a replica pending forever
+        check_feasible(config.tp, config.replicas, use_gpu=bool(config.gpus_per_shard))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        ray.shutdown()
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
+    code = 0
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(build_app(app_args(args)), name=APP_NAME, route_prefix="/")
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        base = f"http://{host}:{args.port}"
+        if not wait_healthy(f"{base}/health", args.startup_timeout):
+            print(f"error: {base}/health did not answer within {args.startup_timeout:.0f} s", file=sys.stderr)
+            code = 1
+        else:
+            print(f"hybrid-serve: serving '{config.model_name}' at {base}/v1 "
+                  f"(metrics: {base}/metrics); Ctrl-C to stop", flush=True)
+            while not stop.wait(1.0):
+                pass
+    except Exception as exc:  # noqa: BLE001 - report, clean up, exit non-zero
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        print("hybrid-serve: shutting down", file=sys.stderr, flush=True)
+        try:
+            serve.delete(APP_NAME)  # a Ray this process started goes down with ray.shutdown()
+        except Exception as exc:  # noqa: BLE001
+            print(f"warning: deleting the application failed: {exc}", file=sys.stderr)
+        finally:
+            ray.shutdown()
+    return code

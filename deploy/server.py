@@ -1,0 +1,111 @@
+"""LLMServer: one engine replica as a Ray Serve deployment replica.
+
+It holds one engine client (`deploy/engine_client.py`; today an `AsyncLLMEngine` in this
+process) and streams `RequestDelta`s back to the ingress. The first item of every
+`generate` stream is either a `Started` (the request is queued) or a `GenerateError`
+(refused: bad input, overloaded), so the ingress can answer with a proper status code
+before it starts an HTTP stream. Later, the TP shard actors of this replica will live in
+its placement group (`placement_group_bundles`); only the engine client changes.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from ray import serve
+
+from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta
+from ..engine.sampling_params import SamplingParams
+from .config import AppConfig
+from .engine_client import EngineClient, EngineFactory, make_engine_client
+from .errors import GenerateError
+from .metrics_hub import MetricsPusher, get_hub
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerateRequest:
+    """What the ingress sends a replica: one prompt, already tokenized and validated."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Started:
+    replica: str
+
+
+class LLMServerImpl:
+    """The replica's logic without Serve (tests build it with a fake engine factory)."""
+
+    def __init__(self, config: AppConfig, replica: str, engine_factory: EngineFactory | None = None) -> None:
+        self.config = config
+        self.replica = replica
+        self.engine: EngineClient = (engine_factory or make_engine_client)(config, replica)
+
+    def model_info(self) -> ModelInfo:
+        return self.engine.model_info()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
+        running, waiting = self.engine.load()
+        if waiting >= self.config.max_waiting_requests:
+            yield GenerateError(503, f"replica {self.replica} is overloaded ({waiting} requests waiting); "
+                                "retry later", code="overloaded")
+            return
+        try:
+            self.engine.validate(request.prompt_token_ids, request.params)
+        except ValueError as exc:
+            yield GenerateError(400, str(exc), param="prompt")
+            return
+        try:
+            self.engine.check_health()
+        except EngineDeadError as exc:
+            yield GenerateError(503, str(exc), code="engine_dead")
+            return
+        yield Started(self.replica)
+        stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()
+
+    def check_health(self) -> None:
+        self.engine.check_health()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+@serve.deployment(name="LLMServer", health_check_period_s=10, health_check_timeout_s=30,
+                  graceful_shutdown_timeout_s=20)
+class LLMServer:
+    """Serve replica wrapper: metrics push, health checks, shutdown."""
+
+    async def __init__(self, config: AppConfig, engine_factory: EngineFactory | None = None) -> None:
+        ctx = serve.get_replica_context()
+        replica = ctx.replica_id.unique_id
+        self.impl = LLMServerImpl(config, replica, engine_factory)
+        self.pusher = MetricsPusher(get_hub(ctx.app_name), f"server:{replica}", config.metrics_push_interval_s)
+        self.pusher.start()
+
+    async def model_info(self) -> ModelInfo:
+        return self.impl.model_info()
+
+    async def generate(self, request: GenerateRequest):
+        async for item in self.impl.generate(request):
+            yield item
+
+    async def load(self) -> tuple[int, int]:
+        return self.impl.engine.load()
+
+    async def check_health(self) -> None:
+        self.impl.check_health()
+
+    async def __del__(self) -> None:
+        await self.pusher.stop()
+        self.impl.shutdown()

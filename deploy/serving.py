@@ -1,0 +1,331 @@
+"""OpenAIServing: the ingress's logic, free of FastAPI and Ray.
+
+    body (pydantic) ─▶ prompts (token ids) + SamplingParams ─▶ backend.generate per prompt
+        ─▶ first item Started | GenerateError ─▶ JSON response, or SSE chunks
+
+A `Backend` is what reaches the replicas: `ServeBackend` (a Serve handle, in `ingress.py`)
+or `LocalBackend` (an in-process `LLMServerImpl`, for tests and tools).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol
+
+from ..engine.async_engine import ModelInfo, RequestDelta
+from ..engine.sampling_params import SamplingParams
+from ..metrics import IngressMetrics
+from . import responses as R
+from .config import AppConfig
+from .errors import APIError, GenerateError, bad_request, internal, model_not_found, too_large, unavailable
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from .server import GenerateRequest, LLMServerImpl, Started
+
+logger = logging.getLogger(__name__)
+
+GREEDY_EPS = 1e-5  # temperatures below this sample greedily (as vLLM)
+MIN_TOP_P = 1e-6  # smaller top_p (e.g. 5e-324) rounds to 0 in fp32 and would mask every token
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+ROUTING_POLICY = "serve_pow2"
+
+
+class Backend(Protocol):
+    async def model_info(self) -> ModelInfo: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]: ...
+
+    async def check_health(self) -> None: ...
+
+
+class LocalBackend:
+    """Calls one in-process replica directly (no Ray)."""
+
+    def __init__(self, server: LLMServerImpl) -> None:
+        self.server = server
+
+    async def model_info(self) -> ModelInfo:
+        return self.server.model_info()
+
+    def generate(self, request: GenerateRequest):
+        return self.server.generate(request)
+
+    async def check_health(self) -> None:
+        self.server.check_health()
+
+
+@dataclass
+class _Job:
+    """One prompt's generation on one replica."""
+
+    prompt_index: int
+    num_prompt_tokens: int
+    stream: AsyncIterator
+    num_cached_tokens: int = 0
+
+
+class OpenAIServing:
+    def __init__(self, config: AppConfig, backend: Backend, tokenizer, metrics: IngressMetrics | None = None) -> None:
+        self.config = config
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.model_name = config.model_name
+        self.metrics = metrics
+        self._info: ModelInfo | None = None
+        self.created = int(time.time())
+
+    # ----- model and health -------------------------------------------------------------
+    async def model_info(self) -> ModelInfo:
+        if self._info is None:
+            try:
+                self._info = await asyncio.wait_for(self.backend.model_info(), timeout=30)
+            except Exception as exc:  # noqa: BLE001 - any failure here means "not ready"
+                raise unavailable(f"the model is not ready yet ({type(exc).__name__})", "not_ready") from exc
+        return self._info
+
+    async def check_health(self) -> None:
+        try:
+            await asyncio.wait_for(self.backend.check_health(), timeout=10)
+        except Exception as exc:  # noqa: BLE001
+            raise unavailable(f"no healthy replica ({type(exc).__name__}: {exc})", "not_ready") from exc
+
+    async def models(self) -> dict:
+        info = await self.model_info()
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "hybrid-serve",
+                "root": self.config.model or self.model_name, "max_model_len": info.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    # ----- endpoints --------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest):
+        self._check_common(body)
+        if body.echo:
+            raise bad_request("echo is not supported", "echo")
+        if body.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        info = await self.model_info()
+        prompts = await self._completion_prompts(body.prompt)
+        params = [self._params(body, len(p), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, body.logprobs, info)
+                  for p in prompts]
+        return await self._run("text_completion", f"cmpl-{uuid.uuid4().hex}", body, prompts, params, body.logprobs)
+
+    async def chat(self, body: ChatCompletionRequest):
+        self._check_common(body)
+        info = await self.model_info()
+        ids = await self._chat_prompt(body)
+        top_n = (body.top_logprobs or 0) if body.logprobs else None
+        if body.top_logprobs and not body.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        params = self._params(body, len(ids), max_tokens, None, top_n, info)
+        return await self._run("chat.completion", f"chatcmpl-{uuid.uuid4().hex}", body, [ids], [params], top_n)
+
+    # ----- request -> engine inputs -----------------------------------------------------
+    def _check_common(self, body: SamplingFields) -> None:
+        if body.model is not None and body.model != self.model_name:
+            raise model_not_found(body.model, self.model_name)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, name):
+                raise bad_request(f"{name} is not supported (only 0)", name)
+
+    def _need_tokenizer(self, what: str) -> None:
+        if self.tokenizer is None:
+            raise bad_request(f"this model has no tokenizer, so {what} are not supported: send token ids")
+
+    async def _encode(self, text: str) -> list[int]:
+        return await asyncio.to_thread(self.tokenizer.encode, text, add_special_tokens=False)
+
+    async def _completion_prompts(self, prompt) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt must not be empty", "prompt")
+        if all(isinstance(t, int) for t in prompt):
+            return [list(prompt)]
+        out = []
+        for p in prompt:
+            if isinstance(p, str):
+                self._need_tokenizer("string prompts")
+                out.append(await self._encode(p))
+            else:
+                out.append(list(p))
+        return out
+
+    async def _chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
+        self._need_tokenizer("chat completions")
+        messages = []
+        for m in body.messages:
+            msg = m.model_dump(exclude_none=True)
+            if isinstance(m.content, list):
+                msg["content"] = "".join(part.text for part in m.content)
+            msg.setdefault("content", "")  # e.g. an assistant turn that only had tool calls
+            messages.append(msg)
+        kwargs = dict(body.chat_template_kwargs or {})
+        extra = body.model_extra or {}
+        if extra.get("tools") is not None:
+            kwargs["tools"] = extra["tools"]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=body.add_generation_prompt and
+                not body.continue_final_message, continue_final_message=body.continue_final_message, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - template errors come from the user's messages
+            raise bad_request(f"the chat template failed on these messages: {exc}", "messages") from exc
+        if not isinstance(text, str):
+            raise bad_request("the chat template did not produce text", "messages")
+        return await self._encode(text)
+
+    def _params(self, body: SamplingFields, prompt_len: int, max_tokens: int | None, default_max: int | None,
+                logprobs: int | None, info: ModelInfo) -> SamplingParams:
+        room = info.max_model_len - prompt_len
+        if room < 1:
+            raise too_large(f"the prompt has {prompt_len} tokens; this model's context is {info.max_model_len} "
+                            "tokens, with room for at least one output token", "prompt")
+        if max_tokens is not None and max_tokens > room:
+            raise bad_request(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the context "
+                              f"length ({info.max_model_len} tokens)", "max_tokens", "context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = min(default_max or room, room)
+        bad_stop = [t for t in body.stop_token_ids or [] if t >= info.vocab_size]
+        if bad_stop:
+            raise bad_request(f"stop_token_ids {bad_stop[:5]} are outside the vocabulary [0, {info.vocab_size})",
+                              "stop_token_ids")
+        if body.min_tokens and len(set(body.stop_token_ids or ())) >= info.vocab_size - 1:
+            raise bad_request("stop_token_ids with min_tokens > 0 leave no token to sample", "stop_token_ids")
+        temperature = 1.0 if body.temperature is None else body.temperature
+        top_k = body.top_k if body.top_k not in (None, 0) else -1
+        try:
+            return SamplingParams(
+                n=body.n, max_tokens=max_tokens, temperature=0.0 if temperature < GREEDY_EPS else temperature,
+                top_p=1.0 if body.top_p is None else max(body.top_p, MIN_TOP_P), top_k=top_k,
+                min_p=0.0 if body.min_p is None else body.min_p, seed=body.seed, stop=body.stop,
+                stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
+                logprobs=logprobs, skip_special_tokens=body.skip_special_tokens,
+                include_stop_str_in_output=body.include_stop_str_in_output)
+        except ValueError as exc:
+            raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from exc
+
+    # ----- running -----------------------------------------------------------------------
+    async def _run(self, obj: str, rid: str, body: SamplingFields, prompts: list[list[int]],
+                   params: list[SamplingParams], top_n: int | None):
+        for ids in prompts:
+            if any(t >= self._info.vocab_size for t in ids):
+                raise bad_request(f"prompt token ids must be in [0, {self._info.vocab_size})", "prompt")
+        jobs = await self._start(rid, prompts, params)
+        if body.stream:
+            return self._stream(obj, rid, body, jobs, top_n)
+        try:
+            return await self._collect(obj, rid, body, jobs, top_n)
+        finally:
+            await _close(jobs)
+
+    async def _start(self, rid: str, prompts: list[list[int]], params: list[SamplingParams]) -> list[_Job]:
+        jobs: list[_Job] = []
+        try:
+            for i, (ids, p) in enumerate(zip(prompts, params)):
+                stream = self.backend.generate(GenerateRequest(f"{rid}-{i}", ids, p))
+                jobs.append(_Job(i, len(ids), stream))
+                first = await stream.__anext__()
+                if isinstance(first, GenerateError):
+                    raise first.to_api_error()
+                if self.metrics is not None:
+                    self.metrics.router_decision(first.replica, ROUTING_POLICY)
+        except BaseException:
+            await _close(jobs)
+            raise
+        return jobs
+
+    async def _collect(self, obj: str, rid: str, body: SamplingFields, jobs: list[_Job], top_n: int | None) -> dict:
+        n = body.n
+        choices = [R.Choice(j.prompt_index * n + i) for j in jobs for i in range(n)]
+        async for job, delta in _merge(jobs):
+            job.num_cached_tokens = delta.num_cached_tokens
+            for seq in delta.seqs:
+                choices[job.prompt_index * n + seq.index].add(seq)
+        use = self._usage(jobs, sum(len(c.token_ids) for c in choices))
+        build = R.completion_response if obj == "text_completion" else R.chat_response
+        return build(rid, int(time.time()), self.model_name, choices, top_n, use)
+
+    def _usage(self, jobs: list[_Job], completion_tokens: int) -> dict:
+        return R.usage(sum(j.num_prompt_tokens for j in jobs), completion_tokens,
+                       sum(j.num_cached_tokens for j in jobs))
+
+    async def _stream(self, obj: str, rid: str, body: SamplingFields, jobs: list[_Job],
+                      top_n: int | None) -> AsyncIterator[str]:
+        created, n, chat = int(time.time()), body.n, obj == "chat.completion"
+        opts = body.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        continuous = bool(opts and opts.continuous_usage_stats)
+        offsets: dict[int, int] = {}
+        completion_tokens = 0
+        try:
+            if chat:
+                for index in range(len(jobs) * n):
+                    yield R.sse(R.chat_chunk(rid, created, self.model_name, index, None, top_n))
+            async for job, delta in _merge(jobs):
+                job.num_cached_tokens = delta.num_cached_tokens
+                for seq in delta.seqs:
+                    index = job.prompt_index * n + seq.index
+                    completion_tokens += len(seq.token_ids)
+                    if not (seq.text or seq.finish_reason or (top_n is not None and seq.logprobs)):
+                        continue
+                    if chat:
+                        chunk = R.chat_chunk(rid, created, self.model_name, index, seq, top_n)
+                    else:
+                        chunk = R.completion_chunk(rid, created, self.model_name, index, seq, top_n,
+                                                   offsets.get(index, 0))
+                        offsets[index] = offsets.get(index, 0) + len(seq.text)
+                    if continuous:
+                        chunk["usage"] = self._usage(jobs, completion_tokens)
+                    yield R.sse(chunk)
+            if include_usage:
+                yield R.sse(R.usage_chunk(rid, created, self.model_name, f"{obj}.chunk" if chat else obj,
+                                          self._usage(jobs, completion_tokens)))
+        except APIError as exc:
+            yield R.sse(exc.body())
+        except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
+            logger.exception("stream %s failed", rid)
+            yield R.sse(internal(f"generation failed: {type(exc).__name__}: {exc}").body())
+        finally:
+            await _close(jobs)
+        yield R.DONE
+
+
+async def _merge(jobs: list[_Job]) -> AsyncIterator[tuple[_Job, RequestDelta]]:
+    """Deltas of all jobs as they come."""
+    if len(jobs) == 1:
+        async for delta in jobs[0].stream:
+            yield jobs[0], delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(job: _Job) -> None:
+        try:
+            async for delta in job.stream:
+                await queue.put((job, delta))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((job, exc))
+        await queue.put((job, None))
+
+    tasks = [asyncio.create_task(pump(j)) for j in jobs]
+    try:
+        remaining = len(jobs)
+        while remaining:
+            job, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield job, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _close(jobs: list[_Job]) -> None:
+    for job in jobs:
+        with suppress(Exception):
+            await job.stream.aclose()

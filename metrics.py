@@ -1,0 +1,168 @@
+"""Every Prometheus metric of hybrid-serve, in one registry, and the cluster-wide exposition.
+
+Names are `hybrid_serve_*` with unit suffixes; every series carries `model_name` and
+`replica` (the Serve replica that recorded it; for router decisions, the replica chosen).
+Each Ray process has its own `REGISTRY`. Processes ship `snapshot()` (picklable metric
+families) to the ingress, which `render`s all of them as one exposition for `GET /metrics`:
+
+    engine replica ──snapshot()──▶ MetricsHub actor ◀── ingress: render(hub.collect() + own)
+
+Recording goes through the bound helpers (`EngineMetrics`, `IngressMetrics`) so that a
+replica's label values are set once. Dashboards (`dashboards/`) query only these names.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import Metric
+
+disable_created_metrics()  # no `_created` series: they double the exposition and confuse merging
+
+PREFIX = "hybrid_serve_"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LABELS = ("model_name", "replica")
+
+# Fine below 100 ms so that a 10 ms TTFT lands between two close bounds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06,
+                   0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 5.0, 7.5, 10.0,
+                   20.0, 40.0, 80.0, 160.0, 640.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+               0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
+E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+
+def _histogram(name: str, doc: str, buckets) -> Histogram:
+    return Histogram(name, doc, LABELS, buckets=buckets, registry=REGISTRY)
+
+
+def _counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+    return Counter(name, doc, LABELS + extra, registry=REGISTRY)
+
+
+def _gauge(name: str, doc: str) -> Gauge:
+    return Gauge(name, doc, LABELS, registry=REGISTRY)
+
+
+# ----- engine replica ---------------------------------------------------------------------
+TIME_TO_FIRST_TOKEN = _histogram("hybrid_serve_time_to_first_token_seconds",
+                                 "Arrival at the replica to the first output token, per request.", LATENCY_BUCKETS)
+INTER_TOKEN_LATENCY = _histogram("hybrid_serve_inter_token_latency_seconds",
+                                 "Time between two consecutive output tokens of a sequence.", ITL_BUCKETS)
+E2E_REQUEST_LATENCY = _histogram("hybrid_serve_e2e_request_latency_seconds",
+                                 "Arrival at the replica to the last output token, per request.", E2E_BUCKETS)
+QUEUE_TIME = _histogram("hybrid_serve_queue_time_seconds",
+                        "Arrival at the replica to first being scheduled, per sequence.", LATENCY_BUCKETS)
+PROMPT_TOKENS = _counter("hybrid_serve_prompt_tokens_total", "Prompt tokens of admitted requests.")
+GENERATION_TOKENS = _counter("hybrid_serve_generation_tokens_total", "Output tokens generated.")
+REQUESTS_RUNNING = _gauge("hybrid_serve_requests_running", "Sequences in the running batch.")
+REQUESTS_WAITING = _gauge("hybrid_serve_requests_waiting", "Sequences waiting to be scheduled.")
+REQUEST_SUCCESS = _counter("hybrid_serve_request_success_total",
+                           "Finished sequences, by finish reason (stop, length, abort, error).", ("finish_reason",))
+KV_CACHE_USAGE = _gauge("hybrid_serve_kv_cache_usage_ratio", "Fraction of KV pages in use (0..1).")
+STATE_POOL_USAGE = _gauge("hybrid_serve_state_pool_usage_ratio", "Fraction of recurrent-state slots in use (0..1).")
+PREFIX_CACHE_QUERIES = _counter("hybrid_serve_prefix_cache_queries_total",
+                                "Prompt tokens looked up in the prefix cache.")
+PREFIX_CACHE_HIT_TOKENS = _counter(
+    "hybrid_serve_prefix_cache_hit_tokens_total",
+    "Prompt tokens found in the prefix cache: cache=kv is the longest KV match, cache=checkpoint the part "
+    "reused (ending at a state checkpoint).", ("cache",))
+PREEMPTIONS = _counter("hybrid_serve_preemptions_total", "Running sequences preempted for lack of cache.")
+SPEC_DRAFT_TOKENS = _counter("hybrid_serve_spec_decode_draft_tokens_total", "Speculative tokens proposed.")
+SPEC_ACCEPTED_TOKENS = _counter("hybrid_serve_spec_decode_accepted_tokens_total", "Speculative tokens accepted.")
+
+# ----- ingress / router -------------------------------------------------------------------
+ROUTER_DECISIONS = _counter("hybrid_serve_router_decisions_total",
+                            "Requests placed on a replica (replica = the one chosen), by routing policy.", ("policy",))
+HTTP_REQUESTS = _counter("hybrid_serve_http_requests_total",
+                         "HTTP requests answered by the ingress (replica = the ingress replica).",
+                         ("route", "status_code"))
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+PREFIX_CACHE_KINDS = ("kv", "checkpoint")
+
+
+class EngineMetrics:
+    """The metrics of one engine replica, with its label values bound. Every series is
+    created at zero on construction, so dashboards show 0 rather than "no data"."""
+
+    def __init__(self, model_name: str, replica: str) -> None:
+        lv = (model_name, replica)
+        self.ttft = TIME_TO_FIRST_TOKEN.labels(*lv)
+        self.itl = INTER_TOKEN_LATENCY.labels(*lv)
+        self.e2e = E2E_REQUEST_LATENCY.labels(*lv)
+        self.queue_time = QUEUE_TIME.labels(*lv)
+        self.prompt_tokens = PROMPT_TOKENS.labels(*lv)
+        self.generation_tokens = GENERATION_TOKENS.labels(*lv)
+        self.running = REQUESTS_RUNNING.labels(*lv)
+        self.waiting = REQUESTS_WAITING.labels(*lv)
+        self.success = {r: REQUEST_SUCCESS.labels(*lv, r) for r in FINISH_REASONS}
+        self.kv_usage = KV_CACHE_USAGE.labels(*lv)
+        self.state_usage = STATE_POOL_USAGE.labels(*lv)
+        self.prefix_queries = PREFIX_CACHE_QUERIES.labels(*lv)
+        self.prefix_hits = {k: PREFIX_CACHE_HIT_TOKENS.labels(*lv, k) for k in PREFIX_CACHE_KINDS}
+        self.preemptions = PREEMPTIONS.labels(*lv)
+        self.spec_draft = SPEC_DRAFT_TOKENS.labels(*lv)
+        self.spec_accepted = SPEC_ACCEPTED_TOKENS.labels(*lv)
+
+    def finished(self, finish_reason: str | None) -> None:
+        reason = finish_reason if finish_reason in self.success else "error"
+        self.success[reason].inc()
+
+
+class IngressMetrics:
+    """The ingress's metrics: `replica` is this ingress replica for HTTP counts, and the
+    chosen engine replica for router decisions."""
+
+    def __init__(self, model_name: str, replica: str) -> None:
+        self.model_name, self.replica = model_name, replica
+        for route in ("/v1/completions", "/v1/chat/completions"):
+            HTTP_REQUESTS.labels(model_name, replica, route, "200")
+
+    def router_decision(self, chosen_replica: str, policy: str) -> None:
+        ROUTER_DECISIONS.labels(self.model_name, chosen_replica, policy).inc()
+
+    def http_request(self, route: str, status_code: int) -> None:
+        HTTP_REQUESTS.labels(self.model_name, self.replica, route, str(status_code)).inc()
+
+
+# ----- exposition -------------------------------------------------------------------------
+def snapshot(registry: CollectorRegistry = REGISTRY) -> list[Metric]:
+    """This process's hybrid_serve_* families (picklable: ship them through Ray)."""
+    return [m for m in registry.collect() if m.name.startswith(PREFIX)]
+
+
+class _Merged:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def merge(snapshots: Iterable[list[Metric]]) -> list[Metric]:
+    """One family per name; samples of all snapshots, the first of duplicate series kept."""
+    merged: dict[str, Metric] = {}
+    seen: set[tuple] = set()
+    for families in snapshots:
+        for fam in families:
+            out = merged.get(fam.name)
+            if out is None:
+                out = merged[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            elif out.type != fam.type:
+                continue  # a process running other code: keep the first definition
+            for s in fam.samples:
+                key = (s.name, tuple(sorted(s.labels.items())))
+                if key not in seen:
+                    seen.add(key)
+                    out.samples.append(s)
+    return [merged[name] for name in sorted(merged)]
+
+
+def render(snapshots: Iterable[list[Metric]]) -> bytes:
+    """Text exposition (format 0.0.4) of all snapshots merged."""
+    return generate_latest(_Merged(merge(snapshots)))

@@ -1,0 +1,150 @@
+"""AsyncLLMEngine (no Ray): deltas add up to the offline output, n > 1, stop strings held
+back while streaming, abort on close, bad input before the first delta, a failing step
+fails every request and marks the engine dead."""
+import asyncio
+import types
+
+import pytest
+
+from hybrid_serve import LLM, SamplingParams
+from hybrid_serve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from hybrid_serve.metrics import EngineMetrics
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(cache_memory_bytes=32 * 1024**2, max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def ref_llm():
+    """A second engine for reference outputs (the first one belongs to the engine thread)."""
+    return LLM(cache_memory_bytes=32 * 1024**2, max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def engine(llm):
+    eng = AsyncLLMEngine(llm.engine, model_name="demo", replica="async-test")
+    yield eng
+    eng.shutdown()
+
+
+def _ids(llm, text="Hello, hybrid world"):
+    return llm.tokenizer.encode(text, add_special_tokens=False)
+
+
+async def _collect(engine, ids, params, rid):
+    texts, tokens, finish = {}, {}, {}
+    async for delta in engine.generate(ids, params, rid):
+        for s in delta.seqs:
+            texts[s.index] = texts.get(s.index, "") + s.text
+            tokens[s.index] = tokens.get(s.index, []) + s.token_ids
+            if s.finish_reason:
+                finish[s.index] = s.finish_reason
+    return texts, tokens, finish
+
+
+def test_deltas_add_up_to_offline_output(llm, ref_llm, engine):
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ref = ref_llm.generate([_ids(llm)], params)[0].outputs[0]
+    texts, tokens, finish = asyncio.run(_collect(engine, _ids(llm), params, "a1"))
+    assert tokens[0] == ref.token_ids and texts[0] == ref.text and finish[0] == "length"
+
+
+def test_n2_and_concurrent_requests(llm, engine):
+    params = SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
+
+    async def main():
+        return await asyncio.gather(*[_collect(engine, _ids(llm), params, f"c{i}") for i in range(3)])
+
+    results = asyncio.run(main())
+    for _texts, tokens, _finish in results:
+        assert sorted(tokens) == [0, 1] and all(len(t) == 6 for t in tokens.values())
+        assert tokens == results[0][1]  # same seed, same tokens whatever the batch
+
+
+def test_stop_string_is_never_streamed(llm, ref_llm, engine):
+    free = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    text = ref_llm.generate([_ids(llm)], free)[0].outputs[0].text
+    at = next(i for i in range(4, len(text) - 4) if text.find(text[i:i + 4]) == i)
+    stop = text[at:at + 4]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop])
+
+    async def main():
+        pieces = []
+        async for delta in engine.generate(_ids(llm), params, "s1"):
+            pieces.append(delta.seqs[0].text)
+            assert stop not in "".join(pieces)
+        return "".join(pieces), delta.seqs[0]
+
+    streamed, last = asyncio.run(main())
+    assert streamed == text[:at] and last.finish_reason == "stop" and last.stop_reason == stop
+
+
+def test_close_aborts(llm, engine):
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    aborted = engine.metrics.success["abort"]._value.get()
+
+    async def main():
+        gen = engine.generate(_ids(llm), params, "ab1")
+        await gen.__anext__()
+        await gen.aclose()
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if not llm.engine.has_unfinished():
+                return True
+        return False
+
+    assert asyncio.run(main())
+    assert engine.metrics.success["abort"]._value.get() == aborted + 1
+
+
+def test_bad_input_raises_before_any_delta(llm, engine):
+    async def main(ids, params):
+        async for _ in engine.generate(ids, params, "bad"):
+            pass
+
+    with pytest.raises(ValueError, match="vocabulary"):
+        asyncio.run(main([10**6], SamplingParams(max_tokens=2)))
+    with pytest.raises(ValueError, match="max_model_len"):
+        asyncio.run(main([5] * 127, SamplingParams(max_tokens=8)))
+
+
+class _BrokenEngine:
+    """Takes requests, then every step raises."""
+
+    def __init__(self):
+        self.max_model_len, self.hf_config, self.pending = 64, types.SimpleNamespace(vocab_size=10), []
+
+    def validate_prompt(self, ids, params):
+        pass
+
+    def add_request(self, rid, ids, params):
+        self.pending.append(rid)
+        return [rid]
+
+    def has_unfinished(self):
+        return bool(self.pending)
+
+    def get_request(self, seq_id):
+        return None
+
+    def step(self):
+        raise RuntimeError("boom")
+
+    def abort(self, seq_id):
+        pass
+
+
+def test_failing_step_fails_requests_and_kills_engine():
+    eng = AsyncLLMEngine(_BrokenEngine(), metrics=EngineMetrics("broken", "b0"))
+
+    async def main():
+        async for _ in eng.generate([1, 2], SamplingParams(max_tokens=2), "x"):
+            pass
+
+    with pytest.raises(EngineDeadError, match="boom"):
+        asyncio.run(main())
+    with pytest.raises(EngineDeadError):
+        eng.check_health()
+    eng.shutdown()

@@ -1,0 +1,96 @@
+"""Errors over real HTTP: the OpenAI shape, and 400 (not 422) / 401 / 404 / 413 as specified."""
+import httpx2 as httpx
+import openai
+import pytest
+
+
+def _post(served, path, body=None, headers=None, **kw):
+    return httpx.post(f"{served.base_url}{path}", json=body, headers=headers if headers is not None
+                      else served.headers, timeout=60, **kw)
+
+
+def _assert_error(resp, status, param=None):
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic e2e-secret"}])
+def test_bad_api_key_is_401(served, headers):
+    _assert_error(_post(served, "/v1/completions", {"prompt": "x"}, headers=headers), 401)
+    _assert_error(httpx.get(f"{served.base_url}/v1/models", headers=headers), 401)
+
+
+def test_health_and_metrics_need_no_key(served):
+    assert httpx.get(f"{served.base_url}/health").status_code == 200
+    assert httpx.get(f"{served.base_url}/metrics").status_code == 200
+
+
+def test_unknown_model_is_404(served):
+    _assert_error(_post(served, "/v1/completions", {"model": "gpt-x", "prompt": "x"}), 404, "model")
+    _assert_error(_post(served, "/v1/chat/completions",
+                        {"model": "gpt-x", "messages": [{"role": "user", "content": "x"}]}), 404, "model")
+
+
+def test_unknown_route_is_404_in_openai_shape(served):
+    _assert_error(_post(served, "/v1/embeddings", {"input": "x"}), 404)
+
+
+def test_too_long_prompt_is_413(served):
+    _assert_error(_post(served, "/v1/completions", {"prompt": [5] * (served.max_model_len + 10)}), 413, "prompt")
+    _assert_error(_post(served, "/v1/completions", {"prompt": "word " * 2000}), 413, "prompt")
+
+
+def test_too_large_body_is_413(served):
+    body = b'{"prompt": "' + b"x" * (9 * 1024 * 1024) + b'"}'
+    resp = httpx.post(f"{served.base_url}/v1/completions", content=body, timeout=60,
+                      headers={**served.headers, "content-type": "application/json"})
+    _assert_error(resp, 413)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 10**9}, "max_tokens"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "logprobs": 99}, "logprobs"),
+    ({"prompt": "x", "min_tokens": 50, "max_tokens": 5}, "min_tokens"),
+    ({"prompt": "x", "stop_token_ids": [10**6]}, "stop_token_ids"),
+    ({"prompt": [10**6]}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "seed": 2**70}, "seed"),
+])
+def test_invalid_completion_is_400(served, body, param):
+    _assert_error(_post(served, "/v1/completions", body), 400, param)
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": []},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    {"messages": [{"content": "no role"}]},
+    {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+])
+def test_invalid_chat_is_400(served, body):
+    _assert_error(_post(served, "/v1/chat/completions", body), 400)
+
+
+def test_malformed_json_is_400(served):
+    resp = httpx.post(f"{served.base_url}/v1/completions", content=b'{"prompt": ', timeout=30,
+                      headers={**served.headers, "content-type": "application/json"})
+    _assert_error(resp, 400)
+
+
+def test_openai_client_exceptions(client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="demo", prompt="x", temperature=-2)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x")
+    bad = openai.OpenAI(base_url=str(client.base_url), api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
