@@ -25,6 +25,8 @@ class EngineConfig:
     enable_prefix_cache: bool = True  # radix prefix cache with state checkpoints
     state_checkpoint_interval: int = 256  # tokens between state checkpoints (a multiple of page_size)
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
+    enable_cuda_graphs: bool = True  # replay captured CUDA graphs for pure-decode steps (ignored on CPU)
+    cuda_graph_max_batch: int = 64  # largest decode batch run through a graph (capped at max_num_seqs)
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:
@@ -33,7 +35,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
         for name in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
-                     "state_checkpoint_interval"):
+                     "state_checkpoint_interval", "cuda_graph_max_batch"):
             positive(name)
         if self.state_checkpoint_interval % self.page_size:
             raise ValueError(f"state_checkpoint_interval={self.state_checkpoint_interval} must be a multiple of "

@@ -11,6 +11,7 @@ import torch
 from ..mem_cache import KVPool, PoolSizes, RequestRowTable, StatePool, StateSpec
 from ..models import load_model
 from .config import EngineConfig
+from .cuda_graph import decode_graph_max_batch
 from .model_runner import ModelRunner
 from .step_plan import StepPlan
 
@@ -69,7 +70,9 @@ class Shard:
         state_pool = StatePool(setup.sizes.num_state_slots, max(layout.num_state_layers, 1), layout.state_spec,
                                self.device)
         table = RequestRowTable(cfg.max_num_seqs, setup.max_model_len, self.device)
-        self.runner = ModelRunner(self.model, kv_pool, state_pool, table, self.device)
+        graph_batch = decode_graph_max_batch(cfg.enable_cuda_graphs, cfg.cuda_graph_max_batch, cfg.max_num_seqs,
+                                             self.device)
+        self.runner = ModelRunner(self.model, kv_pool, state_pool, table, self.device, graph_batch)
 
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         return self.runner.execute(plan)

@@ -12,10 +12,13 @@ nothing from the rest of hybrid_serve.
     rotary          rotary_neox
     state_ops       commit_verified_state, copy_state_slots
     sampling        sample_tokens, masked_logits    per-row params and seeds, no host sync
-    moe             moe_topk_softmax, fused_moe
+    moe             moe_topk_softmax, fused_moe     gated-SiLU or relu2 experts
 
 Index data goes in as device tensors (`state_slots`, `cu_seqlens`, ...): launchers never
 sync with the host, except for the index-range checks, which run on CPU tensors or with
 HYBRID_SERVE_KERNEL_CHECKS=1 (see _common.py). Triton kernels run on CUDA tensors, or on
 CPU tensors when TRITON_INTERPRET=1 is set before these modules are imported.
 """
+from ._common import HAS_TRITON
+
+__all__ = ["HAS_TRITON"]

@@ -19,6 +19,7 @@ from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, ReplicatedLinear, RMSNorm, RowParallelLinear,
     VocabParallelEmbedding, copy_checked,
 )
+from .layers import ops
 from .layers.linear import segmented_shard
 from .layers.mamba2 import Mamba2Mixer
 from .layers.parallel import all_reduce, divide, tp_rank, tp_size
@@ -48,8 +49,7 @@ class NemotronHRMSNorm(RMSNorm):
     """`(w.float() * norm(x.float())).to(x.dtype)`: the weight multiply stays in fp32."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * normed).to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps, fp32_weight=True)
 
 
 def relu2(x: torch.Tensor) -> torch.Tensor:
@@ -157,14 +157,9 @@ class NemotronHExperts(nn.Module):
         copy_checked(param.data[expert], segmented_shard(full, [self.intermediate_size], dim, tp_rank(), tp_size()), name)
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        """hidden: [T, Hin]; topk_*: [T, k]. Returns this rank's partial sum [T, Hin] (before all-reduce)."""
-        out = torch.zeros(hidden.shape, dtype=topk_weights.dtype, device=hidden.device)  # fp32 accumulator
-        for expert in torch.unique(topk_ids).tolist():
-            token_ids, which = torch.where(topk_ids == expert)
-            h = relu2(F.linear(hidden[token_ids], self.up_proj[expert]))  # [t, I/tp]
-            h = F.linear(h, self.down_proj[expert]) * topk_weights[token_ids, which, None]  # [t, Hin]
-            out.index_add_(0, token_ids, h.to(out.dtype))
-        return out.to(hidden.dtype)
+        """hidden: [T, Hin]; topk_*: [T, k] (fp32 weights: fp32 accumulation). Returns this rank's
+        partial sum [T, Hin] (before all-reduce): sum_k w[t, k] * down_e(relu2(up_e(hidden[t])))."""
+        return ops.fused_moe(hidden, self.up_proj, self.down_proj, topk_weights, topk_ids, activation="relu2")
 
 
 class NemotronHMoE(nn.Module):

@@ -6,6 +6,10 @@ Matches models/layers/moe.py (softmax_topk, FusedExperts.forward)::
     weights, ids     = topk(probs, K)                             # [T, K]; renormalised to sum 1 if asked
     out[t]           = sum_k weights[t, k] * expert_{ids[t, k]}(x[t])
     expert_e(x)      = down_e( silu(gate_e x) * up_e x )          # gate_up_proj[e] = [gate | up] rows
+                     = down_e( relu(up_e x)^2 )                   # activation "relu2" (Nemotron-H)
+
+The sum accumulates in promote(x, topk_weights) dtype (fp32 routing weights: fp32), then
+rounds to x's dtype, as the model families do.
 """
 from __future__ import annotations
 
@@ -24,13 +28,20 @@ def moe_topk_softmax_ref(router_logits: torch.Tensor, top_k: int, renormalize: b
 
 
 def fused_moe_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor) -> torch.Tensor:
-    """x: [T, H]; gate_up_proj: [E, 2I, H]; down_proj: [E, H, I]; topk_weights, topk_ids: [T, K].
-    Returns [T, H] in x's dtype."""
-    out = torch.zeros_like(x)
+                  topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """x: [T, H]; gate_up_proj: [E, 2I, H] ("silu") or up_proj [E, I, H] ("relu2"); down_proj:
+    [E, H, I]; topk_weights, topk_ids: [T, K]. Returns [T, H] in x's dtype."""
+    if activation not in ("silu", "relu2"):
+        raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
+    out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, topk_weights.dtype), device=x.device)
     for expert_id in torch.unique(topk_ids).tolist():
         token_idx, k_idx = torch.where(topk_ids == expert_id)  # [n], [n]
-        gate, up = F.linear(x[token_idx], gate_up_proj[expert_id]).chunk(2, dim=-1)  # [n, I] each
-        y = F.linear(F.silu(gate) * up, down_proj[expert_id])  # [n, H]
+        h = F.linear(x[token_idx], gate_up_proj[expert_id])  # [n, 2I] or [n, I]
+        if activation == "silu":
+            gate, up = h.chunk(2, dim=-1)  # [n, I] each
+            h = F.silu(gate) * up
+        else:
+            h = F.relu(h).square()
+        y = F.linear(h, down_proj[expert_id])  # [n, H]
         out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None])
-    return out
+    return out.to(x.dtype)

@@ -11,6 +11,7 @@ All of it is built with device ops from shapes only (no host sync): the tile cou
 bounded by cdiv(A, BLOCK_M) + E. Then, one program per (tile, block of output columns):
 
     GEMM 1: h[a]   = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)        h: [A, I] in x's dtype
+            (activation "relu2": h[a] = relu(x[t] @ up_e^T)^2, Nemotron-H's non-gated experts)
     GEMM 2: y[a]   = weights[a] * (h[a] @ down_e^T)                 y: [A, H] fp32
     out[t] = sum_k y[t*K + k]                                        (a torch sum; deterministic)
 """
@@ -53,10 +54,11 @@ def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, st
 @triton.jit
 def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, weights_ptr,
                      num_assign, num_experts, n_out, k_in, stride_a, stride_we, stride_wn, stride_out,
-                     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, SCALE_ROWS: tl.constexpr,
+                     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, RELU2: tl.constexpr, SCALE_ROWS: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
     """out[a, n] = act(A[a // A_ROW_DIV] @ W_e[n]^T) for the rows of one expert tile.
-    GATED: W_e rows [gate (n_out) | up (n_out)], act = silu(gate) * up. SCALE_ROWS: * weights[a]."""
+    GATED: W_e rows [gate (n_out) | up (n_out)], act = silu(gate) * up. RELU2: act = relu(.)^2.
+    SCALE_ROWS: * weights[a]."""
     tile, pid_n = tl.program_id(0), tl.program_id(1)
     expert = tl.load(tile_expert_ptr + tile)
     if expert >= num_experts:
@@ -84,6 +86,9 @@ def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, we
         gate = acc.to(out_ptr.dtype.element_ty).to(tl.float32)  # F.linear rounds to x's dtype first
         up = acc_up.to(out_ptr.dtype.element_ty).to(tl.float32)
         acc = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32) * up
+    if RELU2:
+        h = tl.maximum(acc.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)  # F.linear rounds first
+        acc = h * h
     if SCALE_ROWS:
         acc = acc * tl.load(weights_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_out + offs_n[None, :]
@@ -130,20 +135,25 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor) -> torch.Tensor:
+              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
 
-    x: [T, H] (row stride free, last dim contiguous); gate_up_proj: [E, 2I, H] rows [gate | up];
-    down_proj: [E, H, I]; topk_weights: [T, K] float; topk_ids: [T, K] int32/int64 in [0, E).
+    x: [T, H] (row stride free, last dim contiguous); gate_up_proj: [E, 2I, H] rows [gate | up]
+    for activation "silu" (gated SiLU), or the up projection [E, I, H] for "relu2"
+    (`relu(x @ up^T)^2`, not gated); down_proj: [E, H, I]; topk_weights: [T, K] float;
+    topk_ids: [T, K] int32/int64 in [0, E).
     Returns [T, H] in x's dtype (the rank-local partial sum under tensor parallelism).
     """
+    if activation not in ("silu", "relu2"):
+        raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
+    gated = activation == "silu"
     check_launch_device("fused_moe", x)
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     num_tokens, hidden = x.shape
     check_tensor("gate_up_proj", gate_up_proj, ndim=3, dtypes=FLOAT_DTYPES, shape=(None, None, hidden),
                  device=x.device)
-    num_experts, inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // 2
-    if gate_up_proj.shape[1] != 2 * inter:
+    num_experts, inter = gate_up_proj.shape[0], gate_up_proj.shape[1] // (2 if gated else 1)
+    if gated and gate_up_proj.shape[1] != 2 * inter:
         raise ValueError(f"gate_up_proj rows {gate_up_proj.shape[1]} must be even ([gate | up])")
     check_tensor("down_proj", down_proj, ndim=3, dtypes=FLOAT_DTYPES, shape=(num_experts, hidden, inter),
                  device=x.device)
@@ -162,12 +172,13 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     y = torch.empty(num_assign, hidden, dtype=torch.float32, device=x.device)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
     block_n, block_k = 64, 64 if x.dtype != torch.float32 else 32
-    for out, a, w, n_out, k_in, div, gated in ((h, x, gate_up_proj, inter, hidden, top_k, True),
-                                               (y, h, down_proj, hidden, inter, 1, False)):
+    for out, a, w, n_out, k_in, div, first in ((h, x, gate_up_proj, inter, hidden, top_k, True),
+                                              (y, h, down_proj, hidden, inter, 1, False)):
         grid = (tile_expert.shape[0], triton.cdiv(n_out, block_n))
         _moe_gemm_kernel[grid](
             a, w, out, sorted_rows, tile_expert, weights, num_assign, num_experts, n_out, k_in,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-            A_ROW_DIV=div, GATED=gated, SCALE_ROWS=not gated, BLOCK_M=block_m, BLOCK_N=block_n,
+            A_ROW_DIV=div, GATED=first and gated, RELU2=first and not gated, SCALE_ROWS=not first,
+            BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_K=block_k, DOT_PREC=prec, num_warps=4)
     return y.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -2,6 +2,7 @@
 
     rms_norm_ref(zero_centered=False)  Llama:    w * norm(x.float()).to(x.dtype)
     rms_norm_ref(zero_centered=True)   Qwen3.5:  (norm(x.float()) * (1 + w.float())).to(x.dtype)
+    rms_norm_ref(fp32_weight=True)     Nemotron-H: (w.float() * norm(x.float())).to(x.dtype)
     gated_rms_norm_ref                 GDN:      ((w * norm(x).to(x.dtype)) * silu(gate.float())).to(x.dtype)
     grouped_gated_rms_norm_ref         Mamba2:   (w.float() * norm_group(x.float() * silu(gate.float()))).to(out_dtype)
 
@@ -18,10 +19,15 @@ def _normalize_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False) -> torch.Tensor:
-    """x: [..., D]; weight: [D]. Returns [..., D] in x's dtype (zero-centered) or in
-    torch's promotion of (weight, x) dtypes (plain: `weight * normed`)."""
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+                 fp32_weight: bool = False) -> torch.Tensor:
+    """x: [..., D]; weight: [D]. Returns [..., D] in x's dtype (zero-centered, fp32_weight) or
+    in torch's promotion of (weight, x) dtypes (plain: `weight * normed`)."""
+    if zero_centered and fp32_weight:
+        raise ValueError("zero_centered and fp32_weight are exclusive")
     normed = _normalize_fp32(x, eps)
+    if fp32_weight:
+        return (weight.float() * normed).to(x.dtype)
     if zero_centered:
         return (normed * (1.0 + weight.float())).to(x.dtype)
     return weight * normed.to(x.dtype)

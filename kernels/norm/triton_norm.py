@@ -7,6 +7,7 @@ is (outer r // H, inner r % H). Each program normalises BLOCK_R rows of D elemen
     MODE_ZERO_CENTER y = n * (1 + w)                            (rounded to x's dtype)
     MODE_GATED       y = round_p(w * round_x(n)) * silu(gate)   (p = promote(w, x); y in x's dtype)
     MODE_GATE_FIRST  h = x * silu(gate); y = w * norm(h)        (Mamba2; groups are rows)
+    MODE_FP32_WEIGHT y = w * n                                  (rounded to x's dtype; Nemotron-H)
 
 with n = norm(x) = x * rsqrt(mean(x^2) + eps) in fp32 and round_x a cast to x's dtype.
 """
@@ -19,7 +20,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
 
-MODE_PLAIN, MODE_ZERO_CENTER, MODE_GATED, MODE_GATE_FIRST = 0, 1, 2, 3
+MODE_PLAIN, MODE_ZERO_CENTER, MODE_GATED, MODE_GATE_FIRST, MODE_FP32_WEIGHT = 0, 1, 2, 3, 4
 _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
@@ -54,7 +55,7 @@ def _rms_norm_kernel(
         y = n * (1.0 + w)
     elif MODE == 2:
         y = (w * n.to(X_DTYPE).to(tl.float32)).to(PROD_DTYPE).to(tl.float32) * gate
-    else:
+    else:  # MODE_GATE_FIRST, MODE_FP32_WEIGHT
         y = w * n
     y_ptrs = y_ptr + (outer * stride_y_o + inner * stride_y_i)[:, None] + offs_d[None, :]
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -106,10 +107,15 @@ def _launch(x, gate, weight, eps, mode, out_dtype, out, group_size=None):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
-             out: torch.Tensor | None = None) -> torch.Tensor:
+             out: torch.Tensor | None = None, *, fp32_weight: bool = False) -> torch.Tensor:
     """x: [..., D] (strided leading dims fine, last dim contiguous); weight: [D].
     zero_centered=False: `w * norm(x).to(x.dtype)`, returned in promote(w, x) dtype;
-    zero_centered=True: `(norm(x) * (1 + w)).to(x.dtype)`. out: optional buffer like x."""
+    zero_centered=True: `(norm(x) * (1 + w)).to(x.dtype)`;
+    fp32_weight=True (Nemotron-H): `(w.float() * norm(x)).to(x.dtype)`. out: optional buffer like x."""
+    if zero_centered and fp32_weight:
+        raise ValueError("zero_centered and fp32_weight are exclusive")
+    if fp32_weight:
+        return _launch(x, None, weight, eps, MODE_FP32_WEIGHT, x.dtype, out)
     out_dtype = x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype)
     return _launch(x, None, weight, eps, MODE_ZERO_CENTER if zero_centered else MODE_PLAIN, out_dtype, out)
 

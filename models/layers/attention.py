@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...kernels.attention import paged_attention_ref, store_kv_ref
+from . import ops
 
 
 class PagedAttention(nn.Module):
@@ -20,7 +20,5 @@ class PagedAttention(nn.Module):
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]."""
         k_cache = fb.kv_pool.k_buffers[self.attn_layer_id]
         v_cache = fb.kv_pool.v_buffers[self.attn_layer_id]
-        store_kv_ref(k_cache, v_cache, fb.kv_slots, k, v)
-        return paged_attention_ref(
-            q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens, fb.extend_lens, self.scale
-        )
+        ops.store_kv(k_cache, v_cache, k, v, fb)
+        return ops.paged_attention(q, k_cache, v_cache, self.scale, fb)

@@ -12,9 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...kernels.causal_conv1d import causal_conv1d_varlen_ref
-from ...kernels.gated_delta import gated_delta_rule_varlen_ref
 from ...mem_cache import StateSpec
+from . import ops
 from .linear import attach_segmented_loader
 from .norm import GatedRMSNorm
 from .parallel import divide, tp_size
@@ -70,9 +69,7 @@ class GatedDeltaNetBase(nn.Module):
         pool = fb.state_pool
         conv_states = pool.conv_states[self.state_layer_id]  # [N+1, conv_dim, K-1]
         ssm_states = pool.ssm_states[self.state_layer_id]  # [N+1, HV, Dk, Dv]
-        mixed_qkv = causal_conv1d_varlen_ref(
-            mixed_qkv, self.conv1d.weight[:, 0, :], None, conv_states, fb.state_slots_host, fb.cu_seqlens, "silu"
-        )
+        mixed_qkv = ops.causal_conv1d(mixed_qkv, self.conv1d.weight[:, 0, :], None, conv_states, fb, "silu")
         num_tokens = mixed_qkv.shape[0]
         q, k, v = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
@@ -80,8 +77,6 @@ class GatedDeltaNetBase(nn.Module):
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [T, HV], log decay
-        core = gated_delta_rule_varlen_ref(
-            q, k, v, g, beta, ssm_states, fb.state_slots_host, fb.cu_seqlens, use_qk_l2norm=True
-        )  # [T, HV, Dv]
+        core = ops.gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm=True)  # [T, HV, Dv]
         out = self.norm(core, z)  # [T, HV, Dv]
         return out.reshape(num_tokens, self.value_dim)

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from ...kernels.causal_conv1d import causal_conv1d_varlen_ref
-from ...kernels.mamba_ssm import selective_state_update_varlen_ref
 from ...mem_cache import StateSpec
+from . import ops
 from .linear import ColumnParallelLinear, RowParallelLinear, attach_segmented_loader
 from .parallel import divide, tp_size
 
@@ -50,11 +48,7 @@ class GroupedGatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        num_tokens, dim = x.shape
-        h = x.float() * F.silu(gate.float())
-        h = h.view(num_tokens, dim // self.group_size, self.group_size)  # [T, G, C/G]
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h.view(num_tokens, dim)).to(out_dtype)
+        return ops.grouped_gated_rms_norm(x, gate, self.weight, self.group_size, self.eps, out_dtype)
 
 
 class Mamba2Mixer(nn.Module):
@@ -120,11 +114,10 @@ class Mamba2Mixer(nn.Module):
         ssm_states = pool.ssm_states[self.state_layer_id]  # [S+1, H, P, N]
         conv_dim = self.inner + 2 * self.bc_dim
         z, xbc, dt = torch.split(self.in_proj(hidden), [self.inner, conv_dim, self.num_heads], dim=-1)
-        xbc = causal_conv1d_varlen_ref(
-            xbc, self.conv1d.weight[:, 0, :], self.conv1d.bias, conv_states, fb.state_slots_host, fb.cu_seqlens, "silu"
-        )  # [T, conv_dim]
+        xbc = ops.causal_conv1d(xbc, self.conv1d.weight[:, 0, :], self.conv1d.bias, conv_states, fb,
+                                "silu")  # [T, conv_dim]
         x, B, C = torch.split(xbc, [self.inner, self.bc_dim, self.bc_dim], dim=-1)
-        y = selective_state_update_varlen_ref(
+        y = ops.selective_state_update(
             x.reshape(num_tokens, self.num_heads, self.head_dim),
             dt,  # [T, H]
             -torch.exp(self.A_log.float()),
@@ -133,8 +126,7 @@ class Mamba2Mixer(nn.Module):
             self.D,
             self.dt_bias,
             ssm_states,
-            fb.state_slots_host,
-            fb.cu_seqlens,
+            fb,
             dt_softplus=True,
             dt_limit=self.dt_limit,
             out_dtype=torch.float32,

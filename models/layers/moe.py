@@ -1,7 +1,8 @@
 """Sparse mixture of experts: softmax top-k router, stacked experts, optional gated shared expert.
 
-Reference implementation (plain torch, one matmul pair per expert that has tokens); a fused
-GPU kernel can take the same stacked storage later.
+Routing and experts run through `ops` (models/layers/ops.py): on CUDA the Triton top-k softmax
+and grouped-GEMM `fused_moe` kernels, elsewhere the references in kernels/moe/ref.py (one matmul
+pair per expert that has tokens). Both read the same stacked storage.
 
 Storage follows transformers' in-memory layout (and names):
     experts.gate_up_proj : [E, 2 * I/tp, H]   rows [gate_r | up_r] of this rank
@@ -22,8 +23,8 @@ import re
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from . import ops
 from .linear import ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
 from .parallel import all_reduce, divide, tp_rank, tp_size
 
@@ -33,11 +34,7 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
 
     Softmax in fp32 over all experts, keep the top k; with `renormalize` (config `norm_topk_prob`)
     the kept weights are rescaled to sum to 1."""
-    probs = torch.softmax(router_logits.float(), dim=-1)  # [T, E]
-    weights, ids = torch.topk(probs, top_k, dim=-1)  # [T, K]
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), ids
+    return ops.moe_topk_softmax(router_logits, top_k, renormalize)
 
 
 class FusedExperts(nn.Module):
@@ -74,13 +71,7 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum."""
-        out = torch.zeros_like(x)
-        for expert_id in torch.unique(topk_ids).tolist():
-            token_idx, k_idx = torch.where(topk_ids == expert_id)  # [n], [n]
-            gate, up = F.linear(x[token_idx], self.gate_up_proj[expert_id]).chunk(2, dim=-1)  # [n, I/tp] each
-            y = F.linear(F.silu(gate) * up, self.down_proj[expert_id])  # [n, H]
-            out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None])
-        return out
+        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
 
 
 class SparseMoeBlock(nn.Module):

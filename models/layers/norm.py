@@ -3,17 +3,16 @@
 - `RMSNorm(zero_centered=False)`: Llama style, `w * norm(x.float()).to(dtype)`.
 - `RMSNorm(zero_centered=True)`: Qwen3.5/Qwen3-Next, `(norm(x.float()) * (1 + w.float())).to(dtype)`.
 - `GatedRMSNorm`: GDN output norm, normalise then gate: `w * norm(x).to(dtype) * silu(gate)`.
+
+The math lives in kernels/norm (torch reference and Triton kernel, same casts), reached
+through `ops` (models/layers/ops.py).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-
-def rms_normalize_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+from . import ops
 
 
 class RMSNorm(nn.Module):
@@ -24,10 +23,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = rms_normalize_fp32(x, self.eps)
-        if self.zero_centered:
-            return (normed * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * normed.to(x.dtype)
+        """x: [..., dim] -> [..., dim]."""
+        return ops.rms_norm(x, self.weight, self.eps, self.zero_centered)
 
 
 class GatedRMSNorm(nn.Module):
@@ -39,5 +36,4 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = self.weight * rms_normalize_fp32(x, self.eps).to(x.dtype)
-        return (normed * F.silu(gate.float())).to(x.dtype)
+        return ops.gated_rms_norm(x, gate, self.weight, self.eps)

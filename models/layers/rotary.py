@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from . import ops
+
 
 def rope_parameters(hf_config) -> tuple[float, float, dict]:
     """(rope_theta, partial_rotary_factor, scaling dict) from either config style:
@@ -27,20 +29,6 @@ class RotaryEmbedding(nn.Module):
         inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq.float()[None, :]  # [T, rot/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [T, rot]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hk, D]; returns rotated copies."""
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return _apply(q, cos, sin, self.rotary_dim), _apply(k, cos, sin, self.rotary_dim)
-
-
-def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
-    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, rot]
-    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    half = rotary_dim // 2
-    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
-    return torch.cat([x_rot * cos + rotated * sin, x_pass], dim=-1)
+        """positions: [T]; q: [T, Hq, D], k: [T, Hk, D]; returns rotated copies (cos/sin in q's dtype)."""
+        return ops.rotary_neox(q, k, positions, self.inv_freq)

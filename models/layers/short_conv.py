@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ...kernels.causal_conv1d import causal_conv1d_varlen_ref
 from ...mem_cache import StateSpec
+from . import ops
 from .linear import ColumnParallelLinear, RowParallelLinear, attach_segmented_loader
 from .parallel import divide, tp_size
 
@@ -55,11 +55,9 @@ class ShortConv(nn.Module):
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
         """hidden: [T, H] (normed) -> [T, H]. Reads and updates the conv window of each
-        batch row's state slot (`fb.state_slots_host`), sequences split by `fb.cu_seqlens`."""
+        batch row's state slot (`fb.state_slots`), sequences split by `fb.cu_seqlens`."""
         b_gate, c_gate, x = self.in_proj(hidden).split(self.channels, dim=-1)  # [T, H/tp] each
         conv_states = fb.state_pool.conv_states[self.state_layer_id]  # [N+1, H/tp, K-1]
-        y = causal_conv1d_varlen_ref(
-            b_gate * x, self.conv.weight[:, 0, :], self.conv.bias, conv_states, fb.state_slots_host,
-            fb.cu_seqlens, activation=None,
-        )  # [T, H/tp]
+        y = ops.causal_conv1d(b_gate * x, self.conv.weight[:, 0, :], self.conv.bias, conv_states, fb,
+                              activation=None)  # [T, H/tp]
         return self.out_proj(c_gate * y)  # [T, H]

@@ -39,6 +39,22 @@ def test_fused_moe_matches_ref(dtype, tol, tokens):
     assert rel_err(got.float().cpu(), want) < tol
 
 
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_fused_moe_relu2_matches_ref(dtype, tol):
+    """Nemotron-H's experts: relu(x up^T)^2 down^T, not gated; fp32 routing weights."""
+    E, K, H, I, T = 5, 2, 24, 40, 7
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
+    up = (torch.randn(E, I, H, generator=g) / H ** 0.5).to(dtype).to(DEVICE)
+    down = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype).to(DEVICE)
+    weights, ids = torch.rand(T, K, generator=g).to(DEVICE), torch.randint(0, E, (T, K), generator=g).to(DEVICE)
+    got = fused_moe(x, up, down, weights, ids, activation="relu2")
+    want = fused_moe_ref(x.cpu().float(), up.cpu().float(), down.cpu().float(), weights.cpu(), ids.cpu(),
+                         activation="relu2")
+    assert got.dtype == dtype
+    assert rel_err(got.float().cpu(), want) < tol
+
 def test_fused_moe_many_tokens_one_expert():
     """All assignments on one expert: several tiles of one expert, the others idle."""
     E, K, H, I, T = 4, 1, 16, 16, 37

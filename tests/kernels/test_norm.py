@@ -41,6 +41,28 @@ def test_rms_norm_fp32_weight_bf16_x_promotes_like_torch():
     assert rel_err(got.cpu(), want) < 1e-6
 
 
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_rms_norm_fp32_weight(dtype):
+    """Nemotron-H's norm: the weight multiplies in fp32, one rounding to x's dtype at the end."""
+    x = _strided_heads(3, 4, 32, dtype)
+    w = _rand(32, dtype=dtype, seed=1) * 0.1 + 1.0
+    want = rms_norm_ref(x.cpu(), w.cpu(), 1e-5, fp32_weight=True)
+    got = rms_norm(x, w, 1e-5, fp32_weight=True)
+    assert got.dtype == want.dtype == dtype
+    assert rel_err(got.float().cpu(), want.float()) < TOL[dtype]
+
+
+def test_fp32_weight_ref_matches_nemotron_norm():
+    from hybrid_serve.models.nemotron_h import NemotronHRMSNorm
+
+    x = _rand(5, 32, dtype=torch.bfloat16, device="cpu")
+    m = NemotronHRMSNorm(32, eps=1e-5).to(torch.bfloat16)
+    m.weight.data.normal_()
+    x32, w32 = x.float(), m.weight.data.float()
+    want = (w32 * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5))).to(torch.bfloat16)
+    assert torch.equal(m(x), want) and torch.equal(rms_norm_ref(x, m.weight.data, 1e-5, fp32_weight=True), want)
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("strided", [False, True], ids=["contig", "strided"])
 def test_gated_rms_norm(dtype, strided):

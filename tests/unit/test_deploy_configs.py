@@ -106,5 +106,6 @@ def test_build_app_from_serve_yaml():
 
     args = _yaml("deploy/serve.yaml")["applications"][0]["args"]
     assert isinstance(build_app(args), Application)
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        build_app({**args, "tp": 2})
+    assert isinstance(build_app({**args, "tp": 2}), Application)  # the demo's 4 heads split in 2
+    with pytest.raises(ValueError, match="tp_size=3 does not divide"):
+        build_app({**args, "tp": 3})

@@ -1,0 +1,137 @@
+"""The one dispatch point between model layers and kernels: one function per op.
+
+Each op runs its Triton kernel when the tensors are on CUDA, or anywhere when the env var
+HYBRID_SERVE_KERNELS=triton (read at every call, so one test process can switch; CPU
+tensors then also need TRITON_INTERPRET=1 before the kernels are imported), and its
+torch reference (kernels/*/ref.py) otherwise.
+
+Batch metadata comes from the step's ForwardBatch `fb` (engine/forward_batch.py):
+
+    kernel path     fb.state_slots, fb.cu_seqlens_t, fb.prefix_lens_t, fb.req_rows_t, ...
+                    device tensors only: no host sync, CUDA-graph safe
+    reference path  fb.state_slots_host, fb.cu_seqlens, fb.prefix_lens, ... host lists
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ...kernels import HAS_TRITON
+from ...kernels import attention as _attn
+from ...kernels import causal_conv1d as _conv
+from ...kernels import gated_delta as _gdn
+from ...kernels import mamba_ssm as _ssm
+from ...kernels import moe as _moe
+from ...kernels import norm as _norm
+from ...kernels import rotary as _rotary
+
+KERNELS_ENV = "HYBRID_SERVE_KERNELS"  # auto (default) | triton | ref
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Kernel path for `t`: Triton on CUDA (when installed), the torch reference elsewhere;
+    HYBRID_SERVE_KERNELS=triton or =ref forces one (e.g. the fp32 reference on a GPU)."""
+    choice = os.environ.get(KERNELS_ENV, "auto")
+    if choice == "triton":
+        return True  # without triton the kernel stubs raise, naming what is missing
+    if choice == "ref":
+        return False
+    return HAS_TRITON and t.is_cuda
+
+
+# ----- attention --------------------------------------------------------------------------
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb) -> None:
+    """Write this step's keys/values at fb.kv_slots. k_cache: [S, Hkv, D]; k: [T, Hkv, D]."""
+    fn = _attn.store_kv if use_triton(k) else _attn.store_kv_ref
+    fn(k_cache, v_cache, fb.kv_slots, k, v)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, fb) -> torch.Tensor:
+    """q: [T, Hq, D] over each request's paged context -> [T, Hq, Dv] in q's dtype."""
+    if use_triton(q):
+        return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows_t, fb.prefix_lens_t,
+                                     fb.cu_seqlens_t, scale)
+    return _attn.paged_attention_ref(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
+                                     fb.extend_lens, scale)
+
+
+# ----- recurrent-state mixers -------------------------------------------------------------
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor, fb,
+                  activation: str | None) -> torch.Tensor:
+    """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place) -> y: [T, D]."""
+    if use_triton(x):
+        return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens_t, activation)
+    return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.state_slots_host, fb.cu_seqlens,
+                                          activation)
+
+
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     ssm_states: torch.Tensor, fb, use_qk_l2norm: bool = True) -> torch.Tensor:
+    """q, k: [T, H, Dk]; v: [T, HV, Dv]; g, beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv]
+    (updated in place) -> o: [T, HV, Dv] in v's dtype."""
+    if use_triton(q):
+        return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens_t,
+                                               use_qk_l2norm=use_qk_l2norm)
+    return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.state_slots_host, fb.cu_seqlens,
+                                            use_qk_l2norm=use_qk_l2norm)
+
+
+def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                           D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, fb, *,
+                           dt_softplus: bool, dt_limit: tuple[float, float],
+                           out_dtype: torch.dtype | None) -> torch.Tensor:
+    """x: [T, H, P]; dt: [T, H]; A, D, dt_bias: [H]; B, C: [T, G, N]; ssm_states: [N_slots+1, H, P, N]
+    (updated in place) -> y: [T, H, P] in out_dtype."""
+    kwargs = dict(dt_softplus=dt_softplus, dt_limit=dt_limit, out_dtype=out_dtype)
+    if use_triton(x):
+        return _ssm.selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
+                                                  fb.cu_seqlens_t, **kwargs)
+    return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots_host,
+                                                  fb.cu_seqlens, **kwargs)
+
+
+# ----- norms and rotary -------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool = False,
+             fp32_weight: bool = False) -> torch.Tensor:
+    """x: [..., D]; weight: [D]. Casts as kernels/norm/ref.py states them per variant."""
+    if use_triton(x):
+        return _norm.rms_norm(x, weight, eps, zero_centered, fp32_weight=fp32_weight)
+    return _norm.rms_norm_ref(x, weight, eps, zero_centered, fp32_weight)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """GDN output norm (normalise, then gate). x, gate: [..., D]; weight: [D]."""
+    fn = _norm.gated_rms_norm if use_triton(x) else _norm.gated_rms_norm_ref
+    return fn(x, gate, weight, eps)
+
+
+def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+                           out_dtype: torch.dtype) -> torch.Tensor:
+    """Mamba2 output norm (gate, then normalise per group). x, gate: [T, C]; weight: [C]."""
+    fn = _norm.grouped_gated_rms_norm if use_triton(x) else _norm.grouped_gated_rms_norm_ref
+    return fn(x, gate, weight, group_size, eps, out_dtype)
+
+
+def rotary_neox(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q: [T, Hq, D]; k: [T, Hk, D]; positions: [T]; inv_freq: [rot/2]. Returns rotated copies."""
+    if use_triton(q):
+        return _rotary.rotary_neox(q, k, positions, inv_freq.float(), inplace=False)
+    return _rotary.rotary_neox_ref(q, k, positions, inv_freq)
+
+
+# ----- mixture of experts -----------------------------------------------------------------
+def moe_topk_softmax(router_logits: torch.Tensor, top_k: int,
+                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64)."""
+    fn = _moe.moe_topk_softmax if use_triton(router_logits) else _moe.moe_topk_softmax_ref
+    return fn(router_logits, top_k, renormalize)
+
+
+def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """x: [T, H]; w1: [E, 2I, H] (silu, rows [gate | up]) or [E, I, H] (relu2); w2: [E, H, I];
+    topk_weights, topk_ids: [T, K]. Returns this rank's partial sum [T, H] in x's dtype."""
+    fn = _moe.fused_moe if use_triton(x) else _moe.fused_moe_ref
+    return fn(x, w1, w2, topk_weights, topk_ids, activation)
