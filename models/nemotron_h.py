@@ -20,7 +20,7 @@ from .layers import (
     VocabParallelEmbedding, copy_checked,
 )
 from .layers import ops
-from .layers.linear import segmented_shard
+from .layers.linear import KVParallelLinear, kv_heads_per_rank, segmented_shard
 from .layers.mamba2 import Mamba2Mixer
 from .layers.parallel import all_reduce, divide, tp_rank, tp_size
 
@@ -65,11 +65,11 @@ class NemotronHAttention(nn.Module):
         self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
         total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
         self.num_heads = divide(total_heads, tp, "num_attention_heads")
-        self.num_kv_heads = divide(total_kv, tp, "num_key_value_heads")
+        self.num_kv_heads = kv_heads_per_rank(total_kv)
         h = hf_config.hidden_size
         self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim)
-        self.k_proj = ColumnParallelLinear(h, total_kv * self.head_dim)
-        self.v_proj = ColumnParallelLinear(h, total_kv * self.head_dim)
+        self.k_proj = KVParallelLinear(h, total_kv, self.head_dim)
+        self.v_proj = KVParallelLinear(h, total_kv, self.head_dim)
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, h)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
 
@@ -269,7 +269,7 @@ class NemotronHForCausalLM(HybridForCausalLM):
         if self.layer_ids.num_attn_layers == 0:
             return None
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return KVSpec(divide(c.num_key_value_heads, tp_size(), "num_key_value_heads"), head_dim, head_dim)
+        return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
         hidden = self.model.embeddings(input_ids)  # [T, hidden]
