@@ -41,7 +41,25 @@ def copy_bandwidth() -> float:
     return bw
 
 
-def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int) -> list[float]:
+def profile_steps(engine, batch: int, steps: int = 10) -> None:
+    """GPU kernel time per step vs wall time per step, and the top kernels (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t) / steps
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    gpu = sum(e.self_device_time_total for e in events) / steps / 1e3
+    print(f"[profile bs={batch}] wall/step {wall * 1e3:.2f} ms (under the profiler), GPU kernels/step {gpu:.2f} ms")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:14]:
+        print(f"   {e.self_device_time_total / steps / 1e3:7.3f} ms/step  x{e.count // steps:<4d} {e.key[:90]}")
+
+
+def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int, profile: bool = False) -> list[float]:
     engine = llm.engine
     gen = torch.Generator().manual_seed(batch)
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
@@ -58,6 +76,8 @@ def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int) -> list
         engine.step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
+    if profile:
+        profile_steps(engine, batch)
     for seq_id in ids:
         engine.abort(seq_id)
     engine.step()
@@ -70,6 +90,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--graphs", type=int, default=1)
+    ap.add_argument("--profile", action="store_true", help="print a kernel breakdown per batch size")
     args = ap.parse_args()
     out_dir = os.path.join(os.environ.get("OUT", "./bench_out"), "results")
     os.makedirs(out_dir, exist_ok=True)
@@ -91,7 +112,7 @@ def main() -> None:
         state_bytes = n_gdn * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * 2
         results = []
         for batch in [int(b) for b in args.batches.split(",")]:
-            times = decode_step_times(llm, batch, args.prompt, args.steps)
+            times = decode_step_times(llm, batch, args.prompt, args.steps + (10 if args.profile else 0), args.profile)
             step = statistics.median(times)
             ctx = args.prompt + args.steps // 2
             kv_bytes = n_attn * ctx * cfg.num_key_value_heads * cfg.head_dim * 2 * 2

@@ -82,19 +82,19 @@ def test_attention_rejects_bad_inputs():
 
 def test_store_kv_matches_ref_and_touches_only_its_slots():
     g = torch.Generator().manual_seed(0)
-    k_cache = torch.full((12, 2, 24), float("nan"))
-    v_cache = torch.full((12, 2, 8), float("nan"))
+    k_cache = torch.full((12, 2, 24), float("nan"), device=DEVICE)
+    v_cache = torch.full((12, 2, 8), float("nan"), device=DEVICE)
     kv_slots = torch.tensor([3, 0, 7, 11, 0])  # slot 0: dummy writes of padding tokens
     big = torch.randn(5, 2, 40, generator=g)
     k, v = big[:, :, :24], big[:, :, 24:32]  # strided views, as a split projection output
-    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    k_ref, v_ref = k_cache.cpu(), v_cache.cpu()
     store_kv_ref(k_ref, v_ref, kv_slots, k, v)
     store_kv(k_cache, v_cache, kv_slots.to(DEVICE), k.to(DEVICE), v.to(DEVICE))
-    for got, want in ((k_cache, k_ref), (v_cache, v_ref)):
+    for got, want in ((k_cache.cpu(), k_ref), (v_cache.cpu(), v_ref)):
         assert torch.equal(got[[3, 7, 11]], want[[3, 7, 11]])
         assert torch.equal(got.isnan(), want.isnan())
     with pytest.raises(ValueError, match="kv_slots"):
-        store_kv(k_cache, v_cache, torch.tensor([12, 0, 1, 2, 3]), k, v)
+        store_kv(k_cache, v_cache, torch.tensor([12, 0, 1, 2, 3], device=DEVICE), k.to(DEVICE), v.to(DEVICE))
 
 
 @gpu

@@ -49,7 +49,7 @@ def test_ref_matches_model_rotary():
 def test_rotary_rejects_bad_inputs():
     q, k, pos, inv_freq = _inputs(3, 2, 1, 8, 8, torch.float32)
     with pytest.raises(ValueError, match="rotary dim"):
-        rotary_neox(q, k, pos, torch.ones(5))
+        rotary_neox(q, k, pos, torch.ones(5, device=q.device))
     with pytest.raises(ValueError, match="positions"):
         rotary_neox(q, k, pos[:2], inv_freq)
 
