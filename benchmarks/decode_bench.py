@@ -59,6 +59,33 @@ def profile_steps(engine, batch: int, steps: int = 10) -> None:
         print(f"   {e.self_device_time_total / steps / 1e3:7.3f} ms/step  x{e.count // steps:<4d} {e.key[:90]}")
 
 
+def cuda_ms(fn, reps: int = 20) -> float:
+    """Median GPU-side time of fn() in ms (events around each call, after a warm-up)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def breakdown(engine, batch: int) -> None:
+    """Where a decode step's time goes: the captured graph alone, the LM head, the rest."""
+    runner = engine.runner
+    graphs = runner.decode_graphs
+    size = graphs.padded_size([1] * batch) if graphs is not None else None
+    hidden = torch.zeros(batch, engine.hf_config.hidden_size, dtype=engine.dtype, device="cuda")
+    head_ms = cuda_ms(lambda: engine.model.compute_logits(hidden))
+    step_ms = cuda_ms(engine.step)
+    graph_ms = cuda_ms(graphs.graphs[size].replay) if size in getattr(graphs, "graphs", {}) else float("nan")
+    print(f"[breakdown bs={batch}] step {step_ms:.3f} ms = graph replay {graph_ms:.3f} + LM head {head_ms:.3f} "
+          f"+ other {step_ms - graph_ms - head_ms:.3f} (host work, metadata, sampling)", flush=True)
+
+
 def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int, profile: bool = False) -> list[float]:
     engine = llm.engine
     gen = torch.Generator().manual_seed(batch)
@@ -77,6 +104,7 @@ def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int, profile
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
     if profile:
+        breakdown(engine, batch)
         profile_steps(engine, batch)
     for seq_id in ids:
         engine.abort(seq_id)
