@@ -86,7 +86,7 @@ def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[
 def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, torch.Tensor]]:
     """Random full-size weights, as a checkpoint would hold them: each tensor drawn from its own
     CPU generator seeded by (seed, name), so every TP rank and every device get the same model. N(0, 0.02) for
-    matrices, N(0, 0.1) for vectors."""
+    matrices, N(0, 0.1) for vectors, 1 + N(0, 0.1) for norm weights that multiply (not zero-centered ones)."""
     from .layers import parallel
 
     saved = (parallel.tp_rank(), parallel.tp_size(), parallel._TP.group)
@@ -97,10 +97,15 @@ def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, t
         full.tie_weights()
     finally:
         parallel.set_tp_group(*saved)
+    modules = dict(full.named_modules())
     for name, param in full.named_parameters():  # drawn on the CPU: the same weights on every device
         gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         std = 0.02 if param.dim() > 1 else 0.1
-        yield name, (torch.randn(param.shape, generator=gen) * std).to(device)
+        values = torch.randn(param.shape, generator=gen) * std
+        owner = name.rsplit(".", 1)[0]
+        if param.dim() == 1 and "norm" in owner.rsplit(".", 1)[-1] and not getattr(modules.get(owner), "zero_centered", False):
+            values += 1.0  # a norm that multiplies by its weight starts near 1, as trained ones are
+        yield name, values.to(device)
 
 
 # config fields whose heads/groups are split across tensor-parallel ranks

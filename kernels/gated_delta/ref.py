@@ -62,3 +62,12 @@ def gated_delta_rule_varlen_ref(
         if slot >= 0:
             ssm_states[slot] = state.to(ssm_states.dtype)
     return out.to(out_dtype)
+
+
+def gdn_gating_ref(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gated DeltaNet gates from the projections: a, b: [T, HV]; A_log, dt_bias: [HV].
+    Returns g = -exp(A_log) * softplus(a + dt_bias) (fp32, the log decay) and
+    beta = sigmoid(b) (in b's dtype), with transformers' casts."""
+    g = -A_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    return g, b.sigmoid()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ...mem_cache import StateSpec
 from . import ops
@@ -75,8 +74,7 @@ class GatedDeltaNetBase(nn.Module):
         q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [T, HV], log decay
+        g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)  # [T, HV] each; g is the log decay
         core = ops.gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm=True)  # [T, HV, Dv]
         out = self.norm(core, z)  # [T, HV, Dv]
         return out.reshape(num_tokens, self.value_dim)

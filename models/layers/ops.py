@@ -66,6 +66,14 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                                           activation)
 
 
+def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """a, b: [T, HV] -> (g [T, HV] fp32 log decay, beta [T, HV])."""
+    if use_triton(a) and a.is_contiguous() and b.is_contiguous():
+        return _gdn.gdn_gating(a, b, A_log, dt_bias)
+    return _gdn.gdn_gating_ref(a, b, A_log, dt_bias)
+
+
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      ssm_states: torch.Tensor, fb, use_qk_l2norm: bool = True) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g, beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv]

@@ -103,3 +103,17 @@ def test_gdn_serving_shapes_gpu(lens):
     """2.3B Qwen3.5 layout: 16 key heads, 32 value heads, Dk = Dv = 128, bf16 activations."""
     slots = list(range(1, len(lens) + 1))
     _check(lens, slots, 16, 32, 128, 128, torch.bfloat16, 2e-2, device="cuda", num_slots=len(lens) + 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gdn_gating_matches_ref(dtype):
+    from hybrid_serve.kernels.gated_delta import gdn_gating, gdn_gating_ref
+
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(7, 6, generator=g).mul(8).to(dtype).to(DEVICE) for _ in range(2))  # softplus past 20 too
+    a_log, dt_bias = torch.randn(6, generator=g).to(dtype).to(DEVICE), torch.randn(6, generator=g).to(dtype).to(DEVICE)
+    got_g, got_beta = gdn_gating(a, b, a_log, dt_bias)
+    want_g, want_beta = gdn_gating_ref(a, b, a_log, dt_bias)
+    assert got_g.dtype == torch.float32 and got_beta.dtype == dtype
+    assert rel_err(got_g, want_g) < 1e-6
+    assert rel_err(got_beta.float(), want_beta.float()) < (1e-6 if dtype == torch.float32 else 1e-2)
