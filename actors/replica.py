@@ -114,6 +114,30 @@ class ReplicaActor:
         self.replica = ReplicaEngine(self.config, self.tokenizer, self.tp_size, self.pg)
         self.restarts += 1
 
+    def benchmark_decode(self, batch: int, prompt_len: int, steps: int) -> list[dict]:
+        """Per decode step: wall time, rank 0's GPU time, broadcast time (benchmarks/tp_overhead.py)."""
+        from ..engine.sampling_params import SamplingParams
+
+        engine = self.replica.engine
+        gen = torch.Generator().manual_seed(0)
+        params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+        ids = [engine.add_request(f"bench{i}", torch.randint(10, 1000, (prompt_len,), generator=gen).tolist(),
+                                  params)[0] for i in range(batch)]
+        while engine.scheduler.waiting or any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running):
+            engine.step()
+        for _ in range(3):
+            engine.step()
+        engine.step_timings, rows = [], []
+        for _ in range(steps):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            engine.step()
+            rows.append({**engine.step_timings[-1], "step_ms": (time.perf_counter() - t) * 1e3})
+        engine.step_timings = None
+        for seq_id in ids:
+            engine.abort(seq_id)
+        return rows
+
     def num_restarts(self) -> int:
         return self.restarts
 

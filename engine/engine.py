@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import torch
 
@@ -52,6 +53,7 @@ class LLMEngine:
         self._seed_rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}  # live sequences by id
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
+        self.step_timings: list[dict] | None = None  # benchmarks: set to [] to record where each step goes
 
     # ----- requests ----------------------------------------------------------------------
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -138,9 +140,27 @@ class LLMEngine:
 
     def _execute(self, plan: StepPlan):
         """Run a plan on every shard: broadcast to the other ranks, then run shard 0."""
+        if self.step_timings is not None and plan.has_forward:
+            return self._execute_timed(plan)
         if self.channel is not None:
             self.channel.send(plan)
         return self.shard.execute(plan)
+
+    def _execute_timed(self, plan: StepPlan):
+        """_execute, recording the broadcast's host time, the execute's wall time and its GPU
+        time (CUDA events, synchronized: for benchmarks only)."""
+        t0 = time.perf_counter()
+        if self.channel is not None:
+            self.channel.send(plan)
+        t1 = time.perf_counter()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        logits = self.shard.execute(plan)
+        end.record()
+        end.synchronize()
+        self.step_timings.append({"broadcast_ms": (t1 - t0) * 1e3, "execute_ms": (time.perf_counter() - t1) * 1e3,
+                                  "gpu_ms": start.elapsed_time(end), "batch": len(plan.req_rows)})
+        return logits
 
 
 def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
