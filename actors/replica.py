@@ -15,7 +15,8 @@ import torch
 from ray.util import get_current_placement_group
 
 from ..cluster.placement import in_bundle
-from ..cluster.process_group import PlanChannel, free_port, init_tp_group, leave_tp_group
+from ..cluster.process_group import free_port, init_tp_group, leave_tp_group
+from ..cluster.shm_channel import ShmChannel
 from ..engine.config import EngineConfig
 from ..engine.engine import LLMEngine, batch_result, run_batch
 from ..engine.llm import load_tokenizer
@@ -28,6 +29,7 @@ class ReplicaEngine:
     def __init__(self, config: EngineConfig, tokenizer=None, tp_size: int = 1, placement_group=None) -> None:
         self.config = config
         self.tp_size = tp_size
+        self.channel: ShmChannel | None = None
         self.workers = []
         self._serve_refs = []
         channel = None
@@ -42,8 +44,9 @@ class ReplicaEngine:
             ]
             addr = ray.util.get_node_ip_address()
             port = free_port(addr)
-            joined = [w.setup.remote(addr, port) for w in self.workers]
-            channel = PlanChannel(init_tp_group(0, tp_size, addr, port, config.device), 0)
+            channel = self.channel = ShmChannel(None, tp_size - 1)  # the ranks share a node (STRICT_PACK)
+            joined = [w.setup.remote(addr, port, channel.name) for w in self.workers]
+            init_tp_group(0, tp_size, addr, port, config.device)
             ray.get(joined)
             self._serve_refs = [w.serve.remote() for w in self.workers]
         try:
@@ -57,6 +60,7 @@ class ReplicaEngine:
         if self.workers:
             try:
                 if getattr(self, "engine", None) is not None and self.engine.channel is not None:
+                    self.engine.channel.timeout_s = 10.0  # a dead rank must not hold the shutdown
                     self.engine.channel.send(STOP)
                     ray.get(self._serve_refs, timeout=30)
             except Exception:
@@ -64,6 +68,9 @@ class ReplicaEngine:
             for w in self.workers:
                 ray.kill(w)
             self.workers = []
+        if self.channel is not None:
+            self.channel.close(unlink=True)
+            self.channel = None
         leave_tp_group()
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ray
 import torch
 
-from ..cluster.process_group import PlanChannel, init_tp_group, leave_tp_group
+from ..cluster.process_group import init_tp_group, leave_tp_group
+from ..cluster.shm_channel import ShmChannel
 from ..engine.config import EngineConfig
 from ..engine.shard import PoolSetup, Shard
 from ..engine.step_plan import StepPlan
@@ -19,17 +20,18 @@ class ShardWorker:
         self.rank = rank
         self.tp_size = tp_size
         self.shard: Shard | None = None
-        self.channel: PlanChannel | None = None
+        self.channel: ShmChannel | None = None
         if config.device == "cpu":
             torch.set_num_threads(1)
 
     def node_ip(self) -> str:
         return ray.util.get_node_ip_address()
 
-    def setup(self, master_addr: str, master_port: int) -> int:
-        """Join the process group (rank 0 joins at the same time), then load this shard."""
-        cpu_group = init_tp_group(self.rank, self.tp_size, master_addr, master_port, self.config.device)
-        self.channel = PlanChannel(cpu_group, self.rank)
+    def setup(self, master_addr: str, master_port: int, channel_name: str) -> int:
+        """Join the process group (rank 0 joins at the same time), open the plan channel,
+        then load this shard."""
+        init_tp_group(self.rank, self.tp_size, master_addr, master_port, self.config.device)
+        self.channel = ShmChannel(channel_name, self.tp_size - 1, reader_index=self.rank - 1)
         self.shard = Shard(self.config)
         return self.rank
 
@@ -44,6 +46,7 @@ class ShardWorker:
             elif isinstance(message, PoolSetup):
                 self.shard.build_pools(message)
             elif message == STOP:
+                self.channel.close()
                 leave_tp_group()
                 return steps
             else:
