@@ -41,6 +41,7 @@ class Request:
         self.stop_reason: str | int | None = None
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
+        self.seed = seed  # per-request randomness: the host generator below, or (seed, token index) on GPU
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator(device=device)

@@ -27,6 +27,7 @@ def masked_logits_row_ref(logits: torch.Tensor, temperature: float, top_k: int, 
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        drop[0] = False  # the most likely token always stays (top_p may round to 0)
         logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
     if min_p > 0.0:
         probs = torch.softmax(logits, dim=-1)

@@ -77,6 +77,7 @@ def masked_logits(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
         sorted_l = sorted_l.masked_fill((sorted_l < kth) & sampled, float("-inf"))  # top-k, ties kept
         probs = torch.softmax(sorted_l, dim=-1)
         drop = ((torch.cumsum(probs, dim=-1) - probs) >= top_p.float()[:, None]) & (top_p < 1.0)[:, None] & sampled
+        drop[:, 0] = False  # the most likely token always stays (top_p may round to 0)
         sorted_l = sorted_l.masked_fill(drop, float("-inf"))
         scaled = torch.empty_like(scaled).scatter_(1, order, sorted_l)
     if use_min_p:

@@ -70,3 +70,21 @@ def test_greedy_min_tokens_and_logprobs():
     req2 = _req(temperature=0.0, logprobs=0)
     assert sample(logits, [req2]) == [0]
     assert abs(req2.logprobs[0][0].logprob - float(torch.log_softmax(logits[0], -1)[0])) < 1e-6
+
+
+def test_batched_gpu_sampler_is_seeded_per_request(monkeypatch):
+    """The kernel path (forced here, interpreter on CPU): the same seeded request samples the
+    same tokens alone or in a batch; top_k=1 is greedy."""
+    import pytest
+
+    pytest.importorskip("triton")
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=gen)
+    seeded = lambda: _req(temperature=1.0, seed=7)
+    alone = sample(logits[:1], [seeded()])
+    batch = sample(logits, [seeded(), _req(temperature=0.0), _req(temperature=1.0, top_k=1, seed=3)])
+    assert batch[0] == alone[0]
+    assert batch[1] == int(logits[1].argmax()) and batch[2] == int(logits[2].argmax())
+    draws = {tuple(sample(logits[:1], [_req(temperature=5.0, seed=s)])) for s in range(20)}
+    assert len(draws) > 1  # different seeds, different tokens
