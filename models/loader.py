@@ -168,4 +168,7 @@ def load_model(
             raise ValueError(f"checkpoint {model_dir!r} lacks {len(missing)} tensors: {shown}")
     else:
         raise ValueError(f"load_format must be auto, safetensors or dummy, got {load_format!r}")
+    for module in model.modules():  # e.g. fuse projections of the same input into one GEMM
+        if hasattr(module, "post_load"):
+            module.post_load()
     return model.eval(), hf_config, torch_dtype

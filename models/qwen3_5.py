@@ -16,7 +16,7 @@ from .layers import (
 )
 from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
-from .layers.linear import KVParallelLinear, kv_heads_per_rank
+from .layers.linear import KVParallelLinear, LinearGroup, kv_heads_per_rank
 from .layers.parallel import divide, tp_size
 
 
@@ -42,14 +42,19 @@ class GatedAttention(nn.Module):
         theta, partial, _ = rope_parameters(hf_config)
         self.rotary = RotaryEmbedding(self.head_dim, int(self.head_dim * partial), theta)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
+        self.qkv = LinearGroup([self.q_proj, self.k_proj, self.v_proj])
+
+    def post_load(self) -> None:
+        self.qkv.fuse()
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q_gate = self.q_proj(hidden).view(num_tokens, self.num_heads, 2 * self.head_dim)
+        q_gate, k, v = self.qkv(hidden)  # column slices of one output
+        q_gate = q_gate.reshape(num_tokens, self.num_heads, 2 * self.head_dim)
         q, gate = q_gate.chunk(2, dim=-1)  # [T, Hq, D] each
         q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = self.attn(q, k, v, fb).reshape(num_tokens, -1)
         out = out * torch.sigmoid(gate.reshape(num_tokens, -1))
@@ -68,12 +73,16 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
         self.in_proj_b = ColumnParallelLinear(h, hv)
         self.in_proj_a = ColumnParallelLinear(h, hv)
         self.out_proj = RowParallelLinear(value_dim, h)
+        self.in_proj = LinearGroup([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
+
+    def post_load(self) -> None:
+        self.in_proj.fuse()  # four projections of the same input: one GEMM
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        z = self.in_proj_z(hidden).view(num_tokens, self.num_v_heads, self.head_v_dim)
-        out = self.mix(self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden), fb)
-        return self.out_proj(out)
+        mixed_qkv, z, b, a = self.in_proj(hidden)  # column slices of one output
+        z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.mix(mixed_qkv, z, b, a, fb))
 
 
 class Qwen3_5DecoderLayer(nn.Module):

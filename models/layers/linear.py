@@ -127,3 +127,38 @@ class KVParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
+
+
+class LinearGroup:
+    """Linears over the same input, run as one GEMM once `fuse()` has re-pointed their weights
+    into one tensor (after loading). The parts keep their parameters, names and loaders;
+    before `fuse()` (e.g. in unit tests) each part runs on its own. Not an nn.Module, so the
+    parameters are not registered twice. Call returns one output per part."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        self.parts = parts
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        self.sizes: list[int] = []
+
+    def fuse(self) -> None:
+        weights = [p.weight for p in self.parts]
+        if any(w.device != weights[0].device or w.dtype != weights[0].dtype for w in weights):
+            raise ValueError("a linear group must share device and dtype")
+        self.sizes = [w.shape[0] for w in weights]
+        fused = torch.cat([w.data for w in weights])  # [sum(out), in]
+        for w, view in zip(weights, fused.split(self.sizes)):
+            w.data = view  # one storage: no second copy of the weights
+        self.weight = fused
+        biases = [p.bias for p in self.parts]
+        if all(b is not None for b in biases):
+            self.bias = torch.cat([b.data for b in biases])
+            for b, view in zip(biases, self.bias.split(self.sizes)):
+                b.data = view
+        elif any(b is not None for b in biases):
+            raise ValueError("a linear group needs biases on all parts or none")
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.weight is None:
+            return [p(x) for p in self.parts]
+        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))  # column slices

@@ -5,7 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .linear import ColumnParallelLinear, RowParallelLinear
+from .linear import ColumnParallelLinear, LinearGroup, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
@@ -14,6 +14,11 @@ class GatedMLP(nn.Module):
         self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up = LinearGroup([self.gate_proj, self.up_proj])
+
+    def post_load(self) -> None:
+        self.gate_up.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up(x)
+        return self.down_proj(F.silu(gate) * up)

@@ -69,7 +69,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """a, b: [T, HV] -> (g [T, HV] fp32 log decay, beta [T, HV])."""
-    if use_triton(a) and a.is_contiguous() and b.is_contiguous():
+    if use_triton(a):
         return _gdn.gdn_gating(a, b, A_log, dt_bias)
     return _gdn.gdn_gating_ref(a, b, A_log, dt_bias)
 

@@ -110,7 +110,8 @@ def test_gdn_gating_matches_ref(dtype):
     from hybrid_serve.kernels.gated_delta import gdn_gating, gdn_gating_ref
 
     g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(7, 6, generator=g).mul(8).to(dtype).to(DEVICE) for _ in range(2))  # softplus past 20 too
+    ab = torch.randn(7, 20, generator=g).mul(8).to(dtype).to(DEVICE)  # softplus past 20 too
+    a, b = ab[:, 2:8], ab[:, 10:16]  # strided rows: slices of a fused projection
     a_log, dt_bias = torch.randn(6, generator=g).to(dtype).to(DEVICE), torch.randn(6, generator=g).to(dtype).to(DEVICE)
     got_g, got_beta = gdn_gating(a, b, a_log, dt_bias)
     want_g, want_beta = gdn_gating_ref(a, b, a_log, dt_bias)
