@@ -80,11 +80,11 @@ def test_batched_gpu_sampler_is_seeded_per_request(monkeypatch):
     pytest.importorskip("triton")
     monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
     gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 50, generator=gen)
+    logits = torch.randn(3, 50, generator=gen).to("cuda" if torch.cuda.is_available() else "cpu")
     seeded = lambda: _req(temperature=1.0, seed=7)
     alone = sample(logits[:1], [seeded()])
     batch = sample(logits, [seeded(), _req(temperature=0.0), _req(temperature=1.0, top_k=1, seed=3)])
     assert batch[0] == alone[0]
-    assert batch[1] == int(logits[1].argmax()) and batch[2] == int(logits[2].argmax())
+    assert batch[1] == int(logits[1].argmax()) and batch[2] == int(logits[2].argmax())  # greedy, top_k=1
     draws = {tuple(sample(logits[:1], [_req(temperature=5.0, seed=s)])) for s in range(20)}
     assert len(draws) > 1  # different seeds, different tokens
