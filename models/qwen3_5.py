@@ -99,13 +99,15 @@ class Qwen3_5DecoderLayer(nn.Module):
 
     gdn_class = Qwen3_5GatedDeltaNet
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
-        residual = hidden
-        hidden = self.input_layernorm(hidden)
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb,
+                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden: the previous layer's MLP output (or the embeddings, with residual None);
+        returns (this layer's MLP output, the residual stream before it). Each residual add
+        runs fused with the norm that follows it."""
+        hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
         mixer = self.linear_attn if self.is_linear else self.self_attn
-        hidden = residual + mixer(hidden, positions, fb)
-        residual = hidden
-        return residual + self.mlp(self.post_attention_layernorm(hidden))
+        hidden, residual = self.post_attention_layernorm.add_and_norm(mixer(hidden, positions, fb), residual)
+        return self.mlp(hidden), residual
 
 
 class _Backbone(nn.Module):
@@ -153,7 +155,7 @@ class Qwen3_5ForCausalLM(HybridForCausalLM):
         return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
-        hidden = self.model.embed_tokens(input_ids)
+        hidden, residual = self.model.embed_tokens(input_ids), None
         for layer in self.model.layers:
-            hidden = layer(hidden, positions, fb)
-        return self.model.norm(hidden)
+            hidden, residual = layer(hidden, positions, fb, residual)
+        return self.model.norm.add_and_norm(hidden, residual)[0]

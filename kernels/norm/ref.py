@@ -51,3 +51,11 @@ def grouped_gated_rms_norm_ref(
     h = h.view(num_tokens, dim // group_size, group_size)  # [T, G, C/G]
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (weight.float() * h.view(num_tokens, dim)).to(out_dtype)
+
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                     zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add of a decoder layer and the next norm: summed = residual + x (in the
+    model dtype, as transformers adds), normed = rms_norm_ref(summed). Returns (normed, summed)."""
+    summed = residual + x
+    return rms_norm_ref(summed, weight, eps, zero_centered), summed

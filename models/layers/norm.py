@@ -26,6 +26,13 @@ class RMSNorm(nn.Module):
         """x: [..., dim] -> [..., dim]."""
         return ops.rms_norm(x, self.weight, self.eps, self.zero_centered)
 
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The previous sublayer's residual add fused with this norm: returns (norm(residual + x),
+        residual + x); with no residual yet (the first layer), (norm(x), x). x: [T, dim]."""
+        if residual is None:
+            return self(x), x
+        return ops.add_rms_norm(x, residual, self.weight, self.eps, self.zero_centered)
+
 
 class GatedRMSNorm(nn.Module):
     """Normalise per head, then gate with silu(gate). x, gate: [..., dim]."""

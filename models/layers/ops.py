@@ -108,6 +108,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
     return _norm.rms_norm_ref(x, weight, eps, zero_centered, fp32_weight)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's residual add and the next norm: (rms_norm(residual + x), residual + x). x, residual: [T, D]."""
+    if use_triton(x):
+        return _norm.add_rms_norm(x, residual, weight, eps, zero_centered)
+    return _norm.add_rms_norm_ref(x, residual, weight, eps, zero_centered)
+
+
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """GDN output norm (normalise, then gate). x, gate: [..., D]; weight: [D]."""
     fn = _norm.gated_rms_norm if use_triton(x) else _norm.gated_rms_norm_ref

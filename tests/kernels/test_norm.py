@@ -127,3 +127,20 @@ def test_norm_serving_shapes_gpu(rows, dim):
     want = gated_rms_norm_ref(x.view(rows, -1, 128), gate.view(rows, -1, 128), w[:128], 1e-6)
     assert rel_err(gated_rms_norm(x.view(rows, -1, 128), gate.view(rows, -1, 128), w[:128], 1e-6).float(),
                    want.float()) < 1e-2
+
+
+@pytest.mark.parametrize("zero_centered", [False, True], ids=["plain", "zero_centered"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_add_rms_norm_matches_ref(zero_centered, dtype):
+    from hybrid_serve.kernels.norm import add_rms_norm, add_rms_norm_ref
+
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(5, 96, generator=g).to(dtype).to(DEVICE)
+    x = wide[:, 16:80]  # strided rows, as a slice of a fused output
+    residual = torch.randn(5, 64, generator=g).to(dtype).to(DEVICE)
+    weight = (torch.randn(64, generator=g) * 0.1).to(dtype).to(DEVICE)
+    normed, summed = add_rms_norm(x, residual, weight, 1e-6, zero_centered)
+    want_normed, want_summed = add_rms_norm_ref(x, residual, weight, 1e-6, zero_centered)
+    assert torch.equal(summed, want_summed)
+    assert normed.dtype == want_normed.dtype
+    assert rel_err(normed.float(), want_normed.float()) < (1e-6 if dtype == torch.float32 else 8e-3)
