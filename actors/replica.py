@@ -18,7 +18,7 @@ from ..cluster.placement import in_bundle
 from ..cluster.process_group import free_port, init_tp_group, leave_tp_group
 from ..cluster.shm_channel import ShmChannel
 from ..engine.config import EngineConfig
-from ..engine.engine import LLMEngine, batch_result, run_batch
+from ..engine.engine import LLMEngine, batch_result, run_batch, sequence_ids
 from ..engine.llm import load_tokenizer
 from .shard_worker import STOP, ShardWorkerActor
 
@@ -110,7 +110,7 @@ class ReplicaActor:
             self._rebuild()
             results = {}
             for request_id, _, params in items:
-                seq_ids = [request_id] + [f"{request_id}#{i}" for i in range(1, params.n)]
+                seq_ids = sequence_ids(request_id, params.n)
                 done = all(s in finished for s in seq_ids)
                 results[request_id] = batch_result([finished[s] for s in seq_ids]) if done else {"error": cause}
             return results

@@ -64,16 +64,14 @@ class LLMEngine:
         """Queue a prompt; with n > 1, one sequence per sample (ids `request_id`, `request_id#1`, ...).
         Returns the sequence ids."""
         self.validate_prompt(prompt_token_ids, params)
-        ids = []
-        for i in range(params.n):
+        ids = sequence_ids(request_id, params.n)
+        for i, seq_id in enumerate(ids):
             seed = params.seed + i if params.seed is not None else self._seed_rng.getrandbits(63)
             detok = IncrementalDetokenizer(self.tokenizer, params.stop_strings, params.skip_special_tokens,
                                            params.include_stop_str_in_output)
-            seq_id = request_id if i == 0 else f"{request_id}#{i}"
             req = Request(seq_id, prompt_token_ids, params, detok, self.eos_token_ids, seed, self.device)
             self.requests[seq_id] = req
             self.scheduler.add(req)
-            ids.append(seq_id)
         return ids
 
     def abort(self, seq_id: str) -> None:
@@ -200,6 +198,11 @@ def plan_pools(cfg: EngineConfig, layout: CacheLayout, default_budget: int, hf_c
         sizes = size_pools(budget, cfg.state_pool_fraction, page_bytes, slot_bytes, cfg.page_size, max_model_len,
                            min_state_slots=1 + ckpts, max_state_slots=cfg.max_num_seqs * (1 + ckpts))
     return PoolSetup(sizes, max_model_len), ckpts
+
+
+def sequence_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's n samples: `request_id`, `request_id#1`, ..."""
+    return [request_id] + [f"{request_id}#{i}" for i in range(1, n)]
 
 
 def run_batch(engine: LLMEngine, items: list[tuple[str, list[int], SamplingParams]],

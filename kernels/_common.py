@@ -91,6 +91,23 @@ def max_seqlen(cu_seqlens: torch.Tensor) -> int | None:
     return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
 
 
+def verify_scratch(name: str, scratch: torch.Tensor | None, step_shape: tuple[int, ...], batch: int,
+                   cu_seqlens: torch.Tensor, like: torch.Tensor, last_contiguous: bool = True) -> torch.Tensor:
+    """Check a verify-mode scratch [B_scratch >= batch, S >= longest row, *step_shape] and
+    return it; without one, an empty placeholder of the same rank (the kernel then writes
+    the pool in place)."""
+    if scratch is None:
+        return like.new_empty(0, *([1] * (1 + len(step_shape))))
+    check_tensor(name, scratch, ndim=2 + len(step_shape), dtypes=FLOAT_DTYPES, shape=(None, None, *step_shape),
+                 last_contiguous=last_contiguous, device=like.device)
+    if scratch.shape[0] < batch:
+        raise ValueError(f"{name} has {scratch.shape[0]} rows for a batch of {batch}")
+    longest = max_seqlen(cu_seqlens)
+    if longest is not None and longest > scratch.shape[1]:
+        raise ValueError(f"a row has {longest} tokens but {name} keeps {scratch.shape[1]} steps")
+    return scratch
+
+
 def check_launch_device(name: str, t: torch.Tensor) -> None:
     """Triton kernels run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1."""
     if t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"):

@@ -18,8 +18,8 @@ import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor, max_seqlen,
-    next_pow2,
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
+    next_pow2, verify_scratch,
 )
 
 
@@ -135,15 +135,8 @@ def causal_conv1d_varlen(
     if batch == 0 or num_tokens == 0:
         return y
     verify = intermediate_conv_windows is not None
-    inter = intermediate_conv_windows if verify else conv_states.new_empty(0, 1, 1, 1)
-    if verify:
-        check_tensor("intermediate_conv_windows", inter, ndim=4, dtypes=FLOAT_DTYPES,
-                     shape=(None, None, dim, width - 1), last_contiguous=False, device=x.device)
-        if inter.shape[0] < batch:
-            raise ValueError(f"intermediate_conv_windows has {inter.shape[0]} rows for a batch of {batch}")
-        longest = max_seqlen(cu_seqlens)
-        if longest is not None and longest > inter.shape[1]:
-            raise ValueError(f"a row has {longest} tokens but intermediate_conv_windows keeps {inter.shape[1]} steps")
+    inter = verify_scratch("intermediate_conv_windows", intermediate_conv_windows, (dim, width - 1), batch,
+                           cu_seqlens, conv_states, last_contiguous=False)
     tokens_per_row = num_tokens / batch
     block_t = 1 if tokens_per_row <= 1 else min(32, next_pow2(int(tokens_per_row)))
     block_d = 256 if tokens_per_row <= 1 else 64

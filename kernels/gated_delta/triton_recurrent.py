@@ -20,8 +20,8 @@ import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor, max_seqlen,
-    next_pow2,
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
+    next_pow2, verify_scratch,
 )
 
 
@@ -127,17 +127,10 @@ def gated_delta_rule_recurrent(
     o = out if out is not None else torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
     check_tensor("out", o, ndim=3, shape=(num_tokens, num_v_heads, dv), dtypes=FLOAT_DTYPES, device=q.device)
     verify = intermediate_states is not None
-    inter = intermediate_states if verify else ssm_states.new_empty(0, 1, 1, 1, 1)
-    if verify:
-        check_tensor("intermediate_states", inter, ndim=5, dtypes=FLOAT_DTYPES,
-                     shape=(None, None, num_v_heads, dk, dv), device=q.device)
-        if inter.stride(3) != dv and dk > 1:
-            raise ValueError(f"intermediate_states must have contiguous [Dk, Dv], got strides {inter.stride()}")
-        if inter.shape[0] < batch:
-            raise ValueError(f"intermediate_states has {inter.shape[0]} rows for a batch of {batch}")
-        longest = max_seqlen(cu_seqlens)
-        if longest is not None and longest > inter.shape[1]:
-            raise ValueError(f"a row has {longest} tokens but intermediate_states keeps {inter.shape[1]} steps")
+    inter = verify_scratch("intermediate_states", intermediate_states, (num_v_heads, dk, dv), batch, cu_seqlens,
+                           ssm_states)
+    if verify and inter.stride(3) != dv and dk > 1:
+        raise ValueError(f"intermediate_states must have contiguous [Dk, Dv], got strides {inter.stride()}")
     if batch == 0 or num_tokens == 0:
         return o
     block_k, block_v = next_pow2(dk), min(next_pow2(dv), 32)

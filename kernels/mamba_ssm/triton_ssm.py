@@ -19,8 +19,8 @@ import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor, max_seqlen,
-    next_pow2,
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
+    next_pow2, verify_scratch,
 )
 
 
@@ -136,15 +136,8 @@ def selective_state_update_varlen(
     y = out if out is not None else torch.empty((num_tokens, num_heads, head_dim), dtype=out_dtype, device=x.device)
     check_tensor("out", y, ndim=3, shape=(num_tokens, num_heads, head_dim), dtypes=FLOAT_DTYPES, device=x.device)
     verify = intermediate_states is not None
-    inter = intermediate_states if verify else ssm_states.new_empty(0, 1, 1, 1, 1)
-    if verify:
-        check_tensor("intermediate_states", inter, ndim=5, dtypes=FLOAT_DTYPES,
-                     shape=(None, None, num_heads, head_dim, d_state), device=x.device)
-        if inter.shape[0] < batch:
-            raise ValueError(f"intermediate_states has {inter.shape[0]} rows for a batch of {batch}")
-        longest = max_seqlen(cu_seqlens)
-        if longest is not None and longest > inter.shape[1]:
-            raise ValueError(f"a row has {longest} tokens but intermediate_states keeps {inter.shape[1]} steps")
+    inter = verify_scratch("intermediate_states", intermediate_states, (num_heads, head_dim, d_state), batch,
+                           cu_seqlens, ssm_states)
     if batch == 0 or num_tokens == 0:
         return y
     block_n = next_pow2(d_state)
