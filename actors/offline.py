@@ -27,27 +27,51 @@ class ReplicaSet:
         use_gpu = config.device.startswith("cuda")
         ensure_ray(num_cpus=max(os.cpu_count() or 1, tp_size * num_replicas))
         check_feasible(tp_size, num_replicas, use_gpu)
+        self.config, self.tp_size, self.use_gpu = config, tp_size, use_gpu
         self.groups = [create_replica_group(tp_size, use_gpu) for _ in range(num_replicas)]
-        self.replicas = [
-            ReplicaActorRemote.options(num_cpus=1, num_gpus=1 if use_gpu else 0,
-                                       scheduling_strategy=in_bundle(pg, 0)).remote(config, tp_size, i, pg)
-            for i, pg in enumerate(self.groups)
-        ]
+        self.replicas = [self._start(i) for i in range(num_replicas)]
+        self.restarts = [0] * num_replicas  # rank-0 actors replaced here (they rebuild their shards themselves)
         self.limits = ray.get(self.replicas[0].limits.remote())
 
+    def _start(self, index: int):
+        pg = self.groups[index]
+        return ReplicaActorRemote.options(num_cpus=1, num_gpus=1 if self.use_gpu else 0,
+                                          scheduling_strategy=in_bundle(pg, 0)).remote(
+            self.config, self.tp_size, index, pg)
+
+    def num_restarts(self, index: int) -> int:
+        """Times replica `index` was rebuilt: by its rank-0 actor, or here when that actor died."""
+        return self.restarts[index] + ray.get(self.replicas[index].num_restarts.remote())
+
     def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
-        """Spread requests over replicas (least assigned tokens first) and gather results."""
+        """Spread requests over replicas (least assigned tokens first) and gather results.
+        Replicas whose last batch failed are rebuilt first, before any replica runs."""
+        ray.get([r.rebuild_if_broken.remote() for r in self.replicas])
         load = [0] * len(self.replicas)
         batches: list[list] = [[] for _ in self.replicas]
         for item in items:
             target = min(range(len(load)), key=load.__getitem__)
             batches[target].append(item)
             load[target] += len(item[1]) + item[2].max_tokens * item[2].n
-        refs = [r.generate.remote(b) for r, b in zip(self.replicas, batches) if b]
+        refs = {i: self.replicas[i].generate.remote(b) for i, b in enumerate(batches) if b}
         results: dict[str, dict] = {}
-        for part in ray.get(refs):
-            results.update(part)
+        for i, ref in refs.items():
+            try:
+                results.update(ray.get(ref))
+            except ray.exceptions.RayActorError as exc:  # a lost shard can abort rank 0's collective too
+                cause = (f"replica {i} failed: its rank-0 actor died mid-step ({type(exc).__name__}; a ShardWorker "
+                         f"lost inside a collective takes rank 0 down with it)")
+                results.update({request_id: {"error": cause} for request_id, _, _ in batches[i]})
+                self._replace(i)
         return results
+
+    def _replace(self, index: int) -> None:
+        """Start a new rank-0 actor in the replica's placement group (its ShardWorkers died
+        with the old one: actors share their owner's fate)."""
+        ray.kill(self.replicas[index])
+        self.replicas[index] = self._start(index)
+        ray.get(self.replicas[index].limits.remote())  # up and serving
+        self.restarts[index] += 1
 
     def shutdown(self) -> None:
         for r in self.replicas:

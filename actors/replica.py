@@ -15,7 +15,7 @@ import torch
 from ray.util import get_current_placement_group
 
 from ..cluster.placement import in_bundle
-from ..cluster.process_group import free_port, init_tp_group, leave_tp_group
+from ..cluster.process_group import create_tp_store, init_tp_group, leave_tp_group
 from ..cluster.shm_channel import ShmChannel
 from ..engine.config import EngineConfig
 from ..engine.engine import LLMEngine, batch_result, run_batch, sequence_ids
@@ -43,10 +43,10 @@ class ReplicaEngine:
                 for r in range(1, tp_size)
             ]
             addr = ray.util.get_node_ip_address()
-            port = free_port(addr)
+            store = create_tp_store(addr, tp_size)
             channel = self.channel = ShmChannel(None, tp_size - 1)  # the ranks share a node (STRICT_PACK)
-            joined = [w.setup.remote(addr, port, channel.name) for w in self.workers]
-            init_tp_group(0, tp_size, addr, port, config.device)
+            joined = [w.setup.remote(addr, store.port, channel.name) for w in self.workers]
+            init_tp_group(0, tp_size, addr, store.port, config.device, store=store)
             ray.get(joined)
             self._serve_refs = [w.serve.remote() for w in self.workers]
         try:
@@ -86,11 +86,16 @@ class ReplicaActor:
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.replica = ReplicaEngine(config, self.tokenizer, tp_size, placement_group)
         self.restarts = 0
+        self.broken = False  # a step failed: rebuild before the next batch
 
     def limits(self) -> dict:
         """What the driver needs to validate prompts before queueing them."""
         engine = self.replica.engine
         return {"max_model_len": engine.max_model_len, "vocab_size": engine.hf_config.vocab_size}
+
+    def num_steps(self) -> int:
+        """Steps the current engine has run (callable while `generate` runs)."""
+        return self.replica.engine.num_steps
 
     def worker_handles(self) -> list:
         return list(self.replica.workers)
@@ -98,6 +103,7 @@ class ReplicaActor:
     def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
         """items: (request_id, prompt_token_ids, SamplingParams). Returns request_id -> result
         ({"outputs": [CompletionOutput...], "num_cached_tokens": int} or {"error": str})."""
+        self.rebuild_if_broken()
         finished: dict = {}
         try:
             return run_batch(self.replica.engine, items, finished)
@@ -107,7 +113,7 @@ class ReplicaActor:
             if dead:
                 cause += f" (ShardWorker rank(s) {dead} died)"
             traceback.print_exc()
-            self._rebuild()
+            self.broken = True
             results = {}
             for request_id, _, params in items:
                 seq_ids = sequence_ids(request_id, params.n)
@@ -115,10 +121,19 @@ class ReplicaActor:
                 results[request_id] = batch_result([finished[s] for s in seq_ids]) if done else {"error": cause}
             return results
 
+    def rebuild_if_broken(self) -> bool:
+        """Rebuild after a failed step; the driver calls this before it hands out the next
+        batch, so a replica's restart never overlaps the others' work."""
+        if self.broken:
+            self._rebuild()
+            return True
+        return False
+
     def _rebuild(self) -> None:
         self.replica.shutdown()
         time.sleep(0.5)
         self.replica = ReplicaEngine(self.config, self.tokenizer, self.tp_size, self.pg)
+        self.broken = False
         self.restarts += 1
 
     def benchmark_decode(self, batch: int, prompt_len: int, steps: int) -> list[dict]:

@@ -54,6 +54,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}  # live sequences by id
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
         self.step_timings: list[dict] | None = None  # benchmarks: set to [] to record where each step goes
+        self.num_steps = 0  # steps run (a liveness/progress signal)
 
     # ----- requests ----------------------------------------------------------------------
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -105,6 +106,7 @@ class LLMEngine:
         requests that produced a token (finished ones included)."""
         chunks = self.scheduler.schedule()
         logits = self._execute(self._plan(chunks))
+        self.num_steps += 1
         sampling = [c.request for c in chunks if c.samples]
         if self.logits_hook is not None and sampling:
             self.logits_hook(sampling, logits)

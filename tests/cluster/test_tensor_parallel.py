@@ -52,11 +52,16 @@ def test_killed_shard_fails_only_its_replica_then_recovers(reference_models, two
     try:
         first = llm.generate(prompts, params)  # all 32, both replicas healthy
         assert [o.outputs[0].token_ids for o in first] == want
-        victim = ray.get(llm.replicas.replicas[0].worker_handles.remote())[0]
+        replica0 = llm.replicas.replicas[0]
+        victim = ray.get(replica0.worker_handles.remote())[0]
         result = {}
         runner = threading.Thread(target=lambda: result.update(outs=llm.generate(prompts, params)))
+        before = ray.get(replica0.num_steps.remote())
         runner.start()
-        time.sleep(1.5)
+        deadline = time.monotonic() + 120
+        while ray.get(replica0.num_steps.remote()) < before + 10:  # kill it mid-run, not before or after
+            assert time.monotonic() < deadline, "replica 0 made no progress"
+            time.sleep(0.05)
         ray.kill(victim)
         runner.join(timeout=300)
         outs = result["outs"]
@@ -70,9 +75,9 @@ def test_killed_shard_fails_only_its_replica_then_recovers(reference_models, two
                 assert o.outputs[0].token_ids == want[i]
         # requests are spread evenly: the healthy replica's half all succeeded
         assert len(failed) <= len(prompts) // 2
-        assert ray.get(llm.replicas.replicas[0].num_restarts.remote()) == 1
-        again = llm.generate(prompts, params)
+        again = llm.generate(prompts, params)  # replica 0 is rebuilt and serves again
         assert [o.outputs[0].token_ids for o in again] == want
+        assert llm.replicas.num_restarts(0) == 1 and llm.replicas.num_restarts(1) == 0
     finally:
         llm.shutdown()
 
