@@ -27,6 +27,7 @@ class EngineConfig:
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
     enable_cuda_graphs: bool = True  # replay captured CUDA graphs for pure-decode steps (ignored on CPU)
     cuda_graph_max_batch: int = 64  # largest decode batch run through a graph (capped at max_num_seqs)
+    async_scheduling: bool = True  # queue step N+1 before reading step N's tokens back (tp = 1)
 
     def __post_init__(self) -> None:
         def positive(name: str) -> None:

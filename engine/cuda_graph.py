@@ -1,24 +1,30 @@
 """CUDA graphs for pure-decode steps.
 
 A step whose batch rows all extend by one token, with B <= max_batch rows, replays a graph
-captured once per padded size (`CAPTURE_SIZES` up to max_batch). The graph reads static
-buffers (`DecodeBuffers`); a step copies its metadata into them in place::
+captured once per padded size (`CAPTURE_SIZES` up to max_batch). A graph's only per-step
+input is one static int64 buffer, whose first 3 * size values a single asynchronous host ->
+device copy fills::
 
+    meta[:3 * size] = req_rows [size] | positions [size] | input_ids [size]
+                      (input id -1: the token sampled for that request row by the previous
+                      step, read on the device)
     batch rows 0 .. B-1      the step's requests
-    batch rows B .. size-1   padding: request row 0, prefix 0 -> position 0, KV slot
+    batch rows B .. size-1   padding: request row 0, position 0, token 0 -> KV slot
                              req_to_token[0, 0] = 0, state slot row_state_slot[0] = 0
                              (row 0, KV slot 0 and state slot 0 are the dummies: DESIGN.md)
 
-Inside the graph every shape follows from `size` (T = B = size, max_extend_len = 1) and the
-kernel path of models/layers/ops.py reads device tensors only, so nothing syncs with the
-host. Anything else (prefill chunks, verify, bigger batches, CPU) runs eagerly.
+Inside the graph: the ForwardBatch (KV slots and state slots looked up in the request-row
+table, pending input ids resolved), the forward and the LM head, giving logits [size, V].
+Every shape follows from `size` (T = B = size, max_extend_len = 1) and the kernel path of
+models/layers/ops.py reads device tensors only, so nothing syncs with the host. Anything
+else (prefill chunks, verify, bigger batches, CPU) runs eagerly.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
+from ..device_io import pinned
+from ..mem_cache import KVPool, RequestRowTable, StatePool
 from .forward_batch import ForwardBatch
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -38,90 +44,104 @@ def padded_size(extend_lens: list[int], sizes: list[int]) -> int | None:
     return next((s for s in sizes if s >= len(extend_lens)), None)
 
 
-def pad_decode_plan(req_rows: list[int], prefix_lens: list[int], input_ids: list[int],
-                    size: int) -> tuple[list[int], list[int], list[int]]:
-    """Append size - B padding rows: request row 0, prefix 0, token 0."""
+def decode_meta(req_rows: list[int], positions: list[int], input_ids: list[int], size: int) -> list[int]:
+    """`meta[:3 * size]` for a decode batch padded to `size`: req_rows | positions | input_ids,
+    each followed by zeros for the padding rows."""
     pad = size - len(req_rows)
-    if pad < 0 or len(prefix_lens) != len(req_rows) or len(input_ids) != len(req_rows):
+    if pad < 0 or len(positions) != len(req_rows) or len(input_ids) != len(req_rows):
         raise ValueError(f"cannot pad a decode batch of {len(req_rows)} rows / {len(input_ids)} tokens to {size}")
-    return req_rows + [0] * pad, prefix_lens + [0] * pad, input_ids + [0] * pad
+    zeros = [0] * pad
+    return req_rows + zeros + positions + zeros + input_ids + zeros
 
 
 class DecodeBuffers:
     """Static inputs of every decode graph; the graph of size s reads rows [:s]."""
 
-    # ForwardBatch device fields that change from step to step
-    STEP_FIELDS = ("positions", "kv_slots", "state_slots", "req_rows_t", "prefix_lens_t")
-
     def __init__(self, max_batch: int, device: torch.device | str) -> None:
         i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(max_batch, **i64)
-        self.positions = torch.zeros(max_batch, **i64)
-        self.kv_slots = torch.zeros(max_batch, **i64)
-        self.state_slots = torch.zeros(max_batch, **i32)
-        self.req_rows_t = torch.zeros(max_batch, **i32)
-        self.prefix_lens_t = torch.zeros(max_batch, **i32)
+        self.max_batch = max_batch
+        self.meta = torch.zeros(3 * max_batch, **i64)  # req_rows | positions | input_ids of the step's size
         # the same for every decode step: one token per row
         self.extend_lens_t = torch.ones(max_batch, **i32)
         self.cu_seqlens_t = torch.arange(max_batch + 1, **i32)
         self.logits_indices = torch.arange(max_batch, **i64)
 
-    def load(self, fb: ForwardBatch, input_ids: torch.Tensor) -> ForwardBatch:
-        """Copy a (padded) decode batch into the buffers in place. Returns the same batch, its
-        device tensors now views of the buffers (what the graph of its size reads)."""
-        size = fb.batch_size
-        if fb.max_extend_len != 1 or size > self.input_ids.shape[0]:
-            raise ValueError(f"not a decode batch that fits the buffers: {size} rows, "
-                             f"max_extend_len {fb.max_extend_len}")
-        self.input_ids[:size].copy_(input_ids)
-        views = {name: getattr(self, name)[:size] for name in self.STEP_FIELDS}
-        for name, view in views.items():
-            view.copy_(getattr(fb, name))
-        return dataclasses.replace(
-            fb, **views, extend_lens_t=self.extend_lens_t[:size], cu_seqlens_t=self.cu_seqlens_t[:size + 1],
-            logits_indices=self.logits_indices[:size])
+    def load(self, flat_meta: list[int]) -> int:
+        """Copy `decode_meta(...)` into meta[:3 * size] (one async copy). Returns size."""
+        size = len(flat_meta) // 3
+        if size * 3 != len(flat_meta) or not 0 < size <= self.max_batch:
+            raise ValueError(f"decode metadata of {len(flat_meta)} values does not fit {self.max_batch} rows")
+        self.meta[: 3 * size].copy_(pinned(flat_meta, torch.int64, self.meta.device), non_blocking=True)
+        return size
+
+    def forward_batch(self, size: int, table: RequestRowTable, kv_pool: KVPool | None, state_pool: StatePool | None,
+                      last_tokens: torch.Tensor, host_meta: list[int] | None = None
+                      ) -> tuple[torch.Tensor, ForwardBatch]:
+        """(input_ids [size], ForwardBatch) of meta[:3 * size], computed with device ops only (this
+        is what a graph captures). `host_meta` fills the host lists the reference kernels read
+        (CPU); without it they are placeholders, which the kernel path never reads."""
+        req_rows, positions, ids = self.meta[: 3 * size].view(3, size)
+        input_ids = torch.where(ids >= 0, ids, last_tokens[req_rows])
+        kv_slots = table.req_to_token[req_rows, positions].long()
+        state_slots = table.row_state_slot[req_rows]
+        rows_host = host_meta[:size] if host_meta is not None else [0] * size
+        prefix_host = host_meta[size : 2 * size] if host_meta is not None else [0] * size
+        fb = ForwardBatch(
+            req_rows=rows_host, prefix_lens=prefix_host, extend_lens=[1] * size, cu_seqlens=list(range(size + 1)),
+            max_extend_len=1, positions=positions, kv_slots=kv_slots, state_slots=state_slots,
+            logits_indices=self.logits_indices[:size], cu_seqlens_t=self.cu_seqlens_t[:size + 1],
+            prefix_lens_t=positions.int(), extend_lens_t=self.extend_lens_t[:size], req_rows_t=req_rows.int(),
+            kv_pool=kv_pool, state_pool=state_pool, req_to_token=table.req_to_token,
+            _state_slots_host=state_slots.tolist() if host_meta is not None else None)
+        return input_ids, fb
 
 
 class DecodeGraphs:
     """One CUDA graph per padded decode size, sharing one memory pool and one set of buffers.
+    A graph computes the logits [size, V] (fp32) of its batch.
 
     `capture` needs CUDA. For a size that was not captured (CPU tests) `run` executes the
-    model eagerly on the same static buffers, so the padding logic is testable anywhere."""
+    same function eagerly on the same static buffers, so the padding logic is testable anywhere."""
 
-    def __init__(self, model: torch.nn.Module, max_batch: int, device: torch.device | str) -> None:
+    def __init__(self, model: torch.nn.Module, max_batch: int, device: torch.device | str, table: RequestRowTable,
+                 kv_pool: KVPool | None, state_pool: StatePool | None, last_tokens: torch.Tensor) -> None:
         self.model = model
         self.sizes = graph_sizes(max_batch)
         self.buffers = DecodeBuffers(self.sizes[-1], device)
+        self.table, self.kv_pool, self.state_pool, self.last_tokens = table, kv_pool, state_pool, last_tokens
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # size -> static hidden [size, H]
+        self.outputs: dict[int, torch.Tensor] = {}  # size -> static logits [size, V]
 
     def padded_size(self, extend_lens: list[int]) -> int | None:
         return padded_size(extend_lens, self.sizes)
 
+    def _logits(self, size: int, host_meta: list[int] | None = None) -> torch.Tensor:
+        input_ids, fb = self.buffers.forward_batch(size, self.table, self.kv_pool, self.state_pool,
+                                                   self.last_tokens, host_meta)
+        return self.model.compute_logits(self.model(input_ids, fb.positions, fb))
+
     @torch.inference_mode()
-    def capture(self, padding_batch) -> None:
-        """Capture every size, largest first (smaller graphs reuse its pool memory).
-        padding_batch(size) -> ForwardBatch of `size` padding rows (they touch only the dummies)."""
+    def capture(self) -> None:
+        """Capture every size, largest first (smaller graphs reuse its pool memory). The
+        buffers hold padding rows meanwhile (they touch only the dummies)."""
         pool = torch.cuda.graph_pool_handle()
+        self.buffers.meta.zero_()
         for size in reversed(self.sizes):
-            fb = self.buffers.load(padding_batch(size), torch.zeros(size, dtype=torch.long))
-            input_ids = self.buffers.input_ids[:size]
-            self.model(input_ids, fb.positions, fb)  # warm-up: compiles the kernels outside capture
+            self._logits(size)  # warm-up: compiles the kernels outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self.model(input_ids, fb.positions, fb)
+                self.outputs[size] = self._logits(size)
             self.graphs[size] = graph
         torch.cuda.synchronize()
 
-    def run(self, fb: ForwardBatch, input_ids: torch.Tensor) -> torch.Tensor:
-        """fb: a padded decode batch of a captured size; input_ids: [size]. Returns hidden
-        [size, H], a static tensor overwritten by the next run."""
-        size = fb.batch_size
-        fb = self.buffers.load(fb, input_ids)
+    def run(self, flat_meta: list[int]) -> torch.Tensor:
+        """flat_meta: `decode_meta(...)` of a captured size. Returns logits [size, V], a static
+        tensor overwritten by the next run."""
+        size = self.buffers.load(flat_meta)
         graph = self.graphs.get(size)
-        if graph is None:  # not captured (CPU): same static inputs, eager forward
-            return self.model(self.buffers.input_ids[:size], fb.positions, fb)
+        if graph is None:  # not captured (CPU): the same function, eagerly
+            return self._logits(size, flat_meta)
         graph.replay()
         return self.outputs[size]
 

@@ -7,20 +7,35 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 
+from ..device_io import PendingHostCopy
 from ..mem_cache import CacheManager
 from ..mem_cache.sizing import PoolSizes, check_pool_sizes, size_pools
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .outputs import CompletionOutput
 from .request import Request
-from .sampler import sample
+from .sampler import mask_early_stops, record_logprobs, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .shard import CacheLayout, PoolSetup, Shard
 from .step_plan import StepPlan
+
+
+@dataclass
+class _Launched:
+    """A queued step: its sampling requests (in batch order) and their tokens on the way back."""
+
+    sampling: list[Request]
+    tokens: PendingHostCopy | None = None
+    logits: torch.Tensor | None = None  # kept when a request wants logprobs
+
+    @property
+    def needs_logits(self) -> bool:
+        return self.logits is not None
 
 
 class LLMEngine:
@@ -55,6 +70,10 @@ class LLMEngine:
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
         self.step_timings: list[dict] | None = None  # benchmarks: set to [] to record where each step goes
         self.num_steps = 0  # steps run (a liveness/progress signal)
+        # queue step N+1 before reading step N's tokens back (needs the sampled tokens on every
+        # rank's device: rank 0 only, so tp = 1 for now)
+        self.overlap = config.async_scheduling and channel is None
+        self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
 
     # ----- requests ----------------------------------------------------------------------
     def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -98,28 +117,68 @@ class LLMEngine:
                 "evicted_checkpoints": cache.evicted_checkpoints, "preemptions": self.scheduler.num_preemptions}
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # ----- the step ----------------------------------------------------------------------
+    # Overlap: step N is queued on the device (forward, sampling, the tokens' copy back), then
+    # the host finishes step N-1 (reads its tokens, detokenizes, checks stops) while the GPU
+    # runs N. Step N's decode rows take step N-1's tokens from the device (input id -1, see
+    # model_runner.py); a request found finished by N-1 has computed one extra token in N,
+    # which is dropped (its KV and state are those of real tokens and are released after N).
+    # Requests that want logprobs are finished in their own step (their logits are read).
     def step(self) -> list[Request]:
-        """One step: schedule -> run on the shard(s) -> sample and postprocess. Returns the
-        requests that produced a token (finished ones included)."""
+        """One step: schedule -> queue on the shard(s) -> finish the previous step (or, without
+        overlap, this one). Returns the requests that got a token (finished ones included)."""
         chunks = self.scheduler.schedule()
-        logits = self._execute(self._plan(chunks))
+        launched = self._launch(chunks)
+        outputs = self._complete(self._inflight) if self._inflight is not None else []
+        self._inflight = None
+        self.scheduler.after_step(chunks)
+        for req in launched.sampling:
+            if not req.finished:
+                req.num_pending_tokens += 1
+        if self.overlap and launched.sampling and not launched.needs_logits:
+            self._inflight = launched
+        else:
+            outputs += self._complete(launched)
+        if self.config.check_integrity and not self.has_unfinished():
+            self.cache.check_empty()
+        return outputs
+
+    def _launch(self, chunks: list[ScheduledChunk]) -> "_Launched":
+        """Queue a step's cache ops, forward and sampling; nothing waits for the device."""
+        plan = self._plan(chunks)
+        logits = self._execute(plan)
         self.num_steps += 1
         sampling = [c.request for c in chunks if c.samples]
-        if self.logits_hook is not None and sampling:
+        if not sampling:
+            return _Launched(sampling)
+        if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
-        tokens = sample(logits, sampling) if sampling else []
-        self.scheduler.after_step(chunks)
-        for req, token in zip(sampling, tokens):
+        logits = mask_early_stops(logits, sampling)
+        tokens = sample(logits, sampling)  # [S] on the device
+        self.runner.record_sampled(plan, tokens)
+        needs_logits = any(r.logprobs is not None for r in sampling)
+        return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None)
+
+    def _complete(self, launched: "_Launched") -> list[Request]:
+        """Read a launched step's tokens back and hand them to their requests."""
+        if not launched.sampling:
+            return []
+        tokens = launched.tokens.wait().tolist()
+        if launched.logits is not None:
+            record_logprobs(launched.logits, tokens, launched.sampling)
+        outputs = []
+        for req, token in zip(launched.sampling, tokens):
+            if req.finished:  # aborted, or ended by the step before: this token is extra
+                continue
+            req.num_pending_tokens -= 1
             req.append_token(token)
             if req.finish_reason is not None:
                 self.scheduler.finish(req)
                 self.requests.pop(req.request_id, None)
-        if self.config.check_integrity and not self.scheduler.has_unfinished():
-            self.cache.check_empty()
-        return sampling
+            outputs.append(req)
+        return outputs
 
     def _plan(self, chunks: list[ScheduledChunk]) -> StepPlan:
         pre_ops, post_ops = self.cache.take_ops()
@@ -129,7 +188,8 @@ class LLMEngine:
             plan.req_rows.append(req.alloc.req_row)
             plan.prefix_lens.append(start)
             plan.extend_lens.append(chunk.num_tokens)
-            plan.input_ids.extend(req.token_ids[start : start + chunk.num_tokens])
+            ids = req.token_ids[start : start + chunk.num_tokens]
+            plan.input_ids.extend(ids + [-1] * (chunk.num_tokens - len(ids)))  # -1: pending (device)
             if chunk.samples:
                 plan.sample_rows.append(batch_row)
         return plan

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..device_io import to_device
 from ..mem_cache import KVPool, RequestRowTable, StatePool
 
 
@@ -85,7 +86,7 @@ class ForwardBatch:
             cu.append(cu[-1] + n)
         num_tokens = cu[-1]
         # one host -> device copy: [req_rows | prefix_lens | extend_lens | cu_seqlens]
-        meta = torch.tensor(req_rows + prefix_lens + extend_lens + cu, dtype=torch.int32).to(device)
+        meta = to_device(req_rows + prefix_lens + extend_lens + cu, torch.int32, device)
         req_rows_t, prefix_lens_t, extend_lens_t, cu_t = meta.split([batch, batch, batch, batch + 1])
         row_of_token = torch.repeat_interleave(
             torch.arange(batch, device=device), extend_lens_t, output_size=num_tokens)  # [T] batch rows

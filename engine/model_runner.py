@@ -1,12 +1,18 @@
 """The shard side of a step: apply the plan's cache ops to this shard's tables and pools,
 build the ForwardBatch, run the model (a pure-decode step through a CUDA graph when
-captured, see cuda_graph.py), return the sampled rows' logits."""
+captured, see cuda_graph.py), return the sampled rows' logits.
+
+Input id -1 in a plan means "the token sampled for this request row by the previous step",
+which is still on the device (`last_tokens`, written by `record_sampled`): the engine queues
+a step before it has read the previous step's tokens back (engine.py, "overlap").
+"""
 from __future__ import annotations
 
 import torch
 
+from ..device_io import to_device
 from ..mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
-from .cuda_graph import DecodeGraphs, pad_decode_plan
+from .cuda_graph import DecodeGraphs, decode_meta
 from .forward_batch import ForwardBatch
 from .step_plan import StepPlan
 
@@ -20,31 +26,42 @@ class ModelRunner:
         self.state_pool = state_pool
         self.req_table = req_table
         self.device = torch.device(device)
+        self.last_tokens = torch.zeros(req_table.num_rows + 1, dtype=torch.int64, device=self.device)  # by req row
         self.decode_graphs: DecodeGraphs | None = None
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda":
                 raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
-            self.decode_graphs = DecodeGraphs(model, cuda_graph_max_batch, self.device)
-            self.decode_graphs.capture(self._padding_batch)
+            self.use_decode_graphs(cuda_graph_max_batch)
+            self.decode_graphs.capture()
 
-    def _build(self, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
-        return ForwardBatch.build(req_rows, prefix_lens, extend_lens, self.req_table, self.kv_pool,
-                                  self.state_pool)
+    def use_decode_graphs(self, max_batch: int) -> DecodeGraphs:
+        """Route decode steps of up to max_batch rows through DecodeGraphs (captured by the
+        caller on CUDA; run eagerly on the same buffers otherwise, as tests do on CPU)."""
+        self.decode_graphs = DecodeGraphs(self.model, max_batch, self.device, self.req_table, self.kv_pool,
+                                          self.state_pool, self.last_tokens)
+        return self.decode_graphs
 
-    def _padding_batch(self, size: int) -> ForwardBatch:
-        return self._build([0] * size, [0] * size, [1] * size)
+    def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:
+        """Any step: build the batch, resolve pending input ids, forward, LM head on the sampled rows."""
+        fb = ForwardBatch.build(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table, self.kv_pool,
+                                self.state_pool)
+        input_ids = to_device(plan.input_ids, torch.int64, self.device)
+        pending = [b for b in range(fb.batch_size) if plan.input_ids[fb.cu_seqlens[b + 1] - 1] < 0]
+        if pending:  # a pending token is its row's only token (the scheduler never chunks past one)
+            index = to_device([fb.cu_seqlens[b + 1] - 1 for b in pending], torch.int64, self.device)
+            rows = to_device([plan.req_rows[b] for b in pending], torch.int64, self.device)
+            input_ids[index] = self.last_tokens[rows]
+        hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
+        if not plan.sample_rows:
+            return None
+        rows = to_device(plan.sample_rows, torch.int64, self.device)
+        return self.model.compute_logits(hidden[fb.logits_indices[rows]])  # [S, V]
 
-    def _forward(self, plan: StepPlan) -> tuple[torch.Tensor, ForwardBatch]:
-        """Returns (hidden [T or padded B, H], the batch it ran); rows past the plan's are padding."""
-        size = self.decode_graphs.padded_size(plan.extend_lens) if self.decode_graphs is not None else None
-        if size is None:
-            fb = self._build(plan.req_rows, plan.prefix_lens, plan.extend_lens)
-            input_ids = torch.tensor(plan.input_ids, dtype=torch.long, device=self.device)
-            return self.model(input_ids, fb.positions, fb), fb
-        req_rows, prefix_lens, input_ids = pad_decode_plan(plan.req_rows, plan.prefix_lens, plan.input_ids, size)
-        fb = self._build(req_rows, prefix_lens, [1] * size)
-        input_ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        return self.decode_graphs.run(fb, input_ids_t), fb
+    def _logits_graph(self, plan: StepPlan, size: int) -> torch.Tensor:
+        logits = self.decode_graphs.run(decode_meta(plan.req_rows, plan.prefix_lens, plan.input_ids, size))
+        if plan.sample_rows == list(range(len(plan.sample_rows))):
+            return logits[: len(plan.sample_rows)]
+        return logits[to_device(plan.sample_rows, torch.int64, self.device)]
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
@@ -52,9 +69,14 @@ class ModelRunner:
         apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
         logits = None
         if plan.has_forward:
-            hidden, fb = self._forward(plan)  # [T, H]
-            if plan.sample_rows:
-                rows = torch.tensor(plan.sample_rows, dtype=torch.long, device=self.device)
-                logits = self.model.compute_logits(hidden[fb.logits_indices[rows]])  # [S, V]
+            size = self.decode_graphs.padded_size(plan.extend_lens) if self.decode_graphs is not None else None
+            logits = self._logits_graph(plan, size) if size is not None else self._logits_eager(plan)
         apply_cache_ops(plan.post_ops, self.req_table, self.state_pool)
-        return logits
+        return logits if plan.sample_rows else None
+
+    @torch.inference_mode()
+    def record_sampled(self, plan: StepPlan, tokens: torch.Tensor) -> None:
+        """tokens [len(plan.sample_rows)] (device): remember them by request row, for the next
+        step's pending input ids."""
+        rows = [plan.req_rows[b] for b in plan.sample_rows]
+        self.last_tokens[to_device(rows, torch.int64, self.device)] = tokens.to(self.device, torch.int64)

@@ -34,6 +34,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
+        # tokens sampled by a step already queued on the device but not yet read back (0 or 1):
+        # the request's next input is the device's copy (engine.py, "overlap")
+        self.num_pending_tokens = 0
         self.num_cached_tokens: int | None = None  # prefix-cache hit at first admission
         self.status = RequestStatus.WAITING
         self.alloc: RequestAlloc | None = None
@@ -64,7 +67,17 @@ class Request:
 
     @property
     def num_tokens_to_compute(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return len(self.token_ids) + self.num_pending_tokens - self.num_computed_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens sampled so far, pending ones included."""
+        return len(self.output_token_ids) + self.num_pending_tokens
+
+    @property
+    def sampled_last_token(self) -> bool:
+        """Its last output token is sampled (pending): it needs no more steps."""
+        return self.num_output_tokens >= self.params.max_tokens
 
     @property
     def finished(self) -> bool:

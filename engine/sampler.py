@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..device_io import to_device
 from .outputs import Logprob
 from ..kernels.sampling import sample_tokens
 from ..models.layers.ops import use_triton
@@ -33,53 +34,67 @@ def _mask_logits(logits: torch.Tensor, req: Request) -> torch.Tensor:
     return logits
 
 
-def sample(logits: torch.Tensor, requests: list[Request]) -> list[int]:
-    """logits: [B, V] fp32, row b for requests[b]. Returns the sampled token ids, and records
-    logprobs on requests that asked for them. Greedy rows take one batched argmax (one host
-    transfer for the whole batch); seeded rows draw from their own generators."""
+def mask_early_stops(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Stop tokens of requests short of `min_tokens` set to -inf (a copy; logits itself when
+    no request needs it). A request's `num_output_tokens` counts the tokens it sampled before."""
     banned_rows = [(b, list(r.stop_token_set())) for b, r in enumerate(requests)
-                   if len(r.output_token_ids) < r.params.min_tokens and r.stop_token_set()]
+                   if r.num_output_tokens < r.params.min_tokens and r.stop_token_set()]
     if banned_rows:
         logits = logits.clone()
         for b, banned in banned_rows:
             logits[b, banned] = float("-inf")
+    return logits
+
+
+def sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """logits: [B, V] fp32 (after `mask_early_stops`), row b for requests[b]. Returns the
+    sampled token ids [B] (int64, on logits' device) without waiting for the device on GPU:
+    greedy rows take one batched argmax, any other batch one sampling kernel; on the host
+    path seeded rows draw from their own generators."""
     if use_triton(logits) and any(not r.params.greedy for r in requests):
-        tokens = _sample_batched(logits, requests)
-    else:
-        tokens = _sample_rows(logits, requests)
+        return _sample_batched(logits, requests)
+    return _sample_rows(logits, requests)
+
+
+def record_logprobs(logits: torch.Tensor, tokens: list[int], requests: list[Request]) -> None:
+    """Append each request's logprobs entry for its sampled token (those that asked), from
+    the logits it was sampled from."""
     for b, req in enumerate(requests):
-        if req.logprobs is not None:
+        if req.logprobs is not None and not req.finished:
             req.logprobs.append(_logprobs(logits[b], tokens[b], req.params.logprobs))
             req.cumulative_logprob += req.logprobs[-1][tokens[b]].logprob
-    return tokens
 
 
-def _sample_batched(logits: torch.Tensor, requests: list[Request]) -> list[int]:
+def _sample_batched(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     """One kernel for the whole batch (GPU): per-row parameters, Gumbel-max noise from
     (request seed, token index), so a seeded request samples the same tokens in any batch."""
     params = [r.params for r in requests]
     device = logits.device
-    temperature = torch.tensor([0.0 if p.temperature < MIN_TEMPERATURE else p.temperature for p in params],
-                               dtype=torch.float32).to(device)
-    top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64).to(device)
-    top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32).to(device)
-    min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32).to(device)
-    seeds = torch.tensor([(r.seed or 0) & (2**62 - 1) for r in requests], dtype=torch.int64).to(device)
-    offsets = torch.tensor([len(r.output_token_ids) for r in requests], dtype=torch.int64).to(device)
-    tokens = sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, offsets,
-                           use_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
-                           use_min_p=any(p.min_p > 0.0 for p in params))
-    return tokens.tolist()  # the step's one host transfer
+    floats = to_device([0.0 if p.temperature < MIN_TEMPERATURE else p.temperature for p in params]
+                       + [p.top_p for p in params] + [p.min_p for p in params], torch.float32, device)
+    ints = to_device([p.top_k for p in params] + [(r.seed or 0) & (2**62 - 1) for r in requests]
+                     + [r.num_output_tokens for r in requests], torch.int64, device)
+    temperature, top_p, min_p = floats.view(3, -1)
+    top_k, seeds, offsets = ints.view(3, -1)
+    return sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, offsets,
+                         use_top_k_top_p=any(p.top_k > 0 or p.top_p < 1.0 for p in params),
+                         use_min_p=any(p.min_p > 0.0 for p in params))
 
 
-def _sample_rows(logits: torch.Tensor, requests: list[Request]) -> list[int]:
-    """Host path: one batched argmax, then seeded rows from their own generators."""
-    tokens = logits.argmax(dim=-1).tolist()  # [B]
+def _sample_rows(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """Host path: one batched argmax, then seeded rows from their own generators (which
+    reads the argmax back: the host path is for CPU and the reference kernels)."""
+    tokens = logits.argmax(dim=-1)  # [B]
+    drawn = {}
     for b, req in enumerate(requests):
         if not req.params.greedy and req.params.temperature >= MIN_TEMPERATURE:
             probs = torch.softmax(_mask_logits(logits[b], req), dim=-1)
             if torch.isfinite(probs).all() and probs.sum() > 0:  # else (overflow): keep the argmax
-                tokens[b] = int(torch.multinomial(probs, 1, generator=req.generator))
+                drawn[b] = int(torch.multinomial(probs, 1, generator=req.generator))
+    if drawn:
+        tokens = tokens.clone()
+        for b, token in drawn.items():
+            tokens[b] = token
     return tokens
 
 

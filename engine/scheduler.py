@@ -74,6 +74,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.sampled_last_token:  # finishes when its pending token is read back
+                i += 1
+                continue
             n = self._chunk_len(req, budget)
             if not self._ensure_kv_or_preempt(req, n):
                 self._preempt(req)  # nothing newer left to preempt: it waits itself
@@ -83,6 +86,8 @@ class Scheduler:
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if req.num_pending_tokens:  # preempted before its last token was read back: wait for it
+                break
             alloc = self.cache.admit(req.token_ids, len(req.token_ids))
             if alloc is None:
                 break
@@ -125,9 +130,12 @@ class Scheduler:
         self.num_preemptions += 1
 
     def after_step(self, plan: list[ScheduledChunk]) -> None:
-        """The forward ran: advance progress and donate this step's checkpoints."""
+        """The forward is queued and the tokens before it are known: advance progress and
+        donate this step's checkpoints (requests finished meanwhile are skipped)."""
         for chunk in plan:
             req = chunk.request
+            if req.finished:
+                continue
             req.num_computed_tokens += chunk.num_tokens
             if req.alloc.pending_checkpoint is not None:
                 self.cache.commit_checkpoint(req.alloc, req.token_ids)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..device_io import to_device
+
 
 class RequestRowTable:
     def __init__(self, num_rows: int, max_context: int, device: torch.device | str) -> None:
@@ -24,8 +26,11 @@ class RequestRowTable:
         self.row_state_slot[req_row] = state_slot
 
     def set_kv_slots(self, req_row: int, start_pos: int, kv_slots: torch.Tensor | list[int]) -> None:
-        kv_slots = torch.as_tensor(kv_slots, dtype=torch.int32)
+        if isinstance(kv_slots, torch.Tensor):
+            kv_slots = kv_slots.to(self.req_to_token.device, torch.int32)
+        else:  # a host list: an asynchronous copy (no stream sync; see engine/device_io.py)
+            kv_slots = to_device(list(kv_slots), torch.int32, self.req_to_token.device)
         end = start_pos + kv_slots.numel()
         if end > self.max_context:
             raise ValueError(f"positions up to {end} exceed max_context {self.max_context}")
-        self.req_to_token[req_row, start_pos:end] = kv_slots.to(self.req_to_token.device)
+        self.req_to_token[req_row, start_pos:end] = kv_slots

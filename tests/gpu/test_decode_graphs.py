@@ -1,6 +1,7 @@
 """Decode CUDA graphs on a GPU: graphs are captured for the expected sizes, and greedy tokens
 with graphs equal those of the eager Triton path, for every family, while the batch shrinks
-through several padded sizes. Marker `gpu`; skipped without CUDA (or under the interpreter)."""
+through several padded sizes, with overlapped scheduling on (tokens read back a step late)
+and off. Marker `gpu`; skipped without CUDA (or under the interpreter)."""
 import os
 
 import pytest
@@ -18,9 +19,10 @@ pytestmark = [
 MAX_TOKENS = (9, 3, 6, 1, 12, 4)  # requests finish at different steps: decode batches 6 -> 1
 
 
-def _generate(model_dir: str, graphs: bool) -> list[list[int]]:
+def _generate(model_dir: str, graphs: bool, overlap: bool = True) -> list[list[int]]:
     llm = LLM(model=model_dir, dtype="float32", device="cuda", max_num_seqs=6, max_model_len=256,
-              cache_memory_bytes=64 * 1024**2, enable_cuda_graphs=graphs, cuda_graph_max_batch=6)
+              cache_memory_bytes=64 * 1024**2, enable_cuda_graphs=graphs, cuda_graph_max_batch=6,
+              async_scheduling=overlap)
     runner = llm.engine.runner
     if graphs:
         assert sorted(runner.decode_graphs.graphs) == [1, 2, 4, 6]
@@ -36,5 +38,6 @@ def _generate(model_dir: str, graphs: bool) -> list[list[int]]:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_graph_decode_matches_eager(family, reference_models):
+    """Graphs + overlapped scheduling (the default) == eager, synchronous steps."""
     model_dir = reference_models(family)[0]
-    assert _generate(model_dir, graphs=True) == _generate(model_dir, graphs=False)
+    assert _generate(model_dir, graphs=True) == _generate(model_dir, graphs=False, overlap=False)

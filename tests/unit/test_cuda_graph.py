@@ -9,9 +9,8 @@ import torch
 from hybrid_serve import LLM, SamplingParams
 from hybrid_serve.engine.config import EngineConfig
 from hybrid_serve.engine.cuda_graph import (
-    CAPTURE_SIZES, DecodeBuffers, DecodeGraphs, decode_graph_max_batch, graph_sizes, pad_decode_plan, padded_size,
+    CAPTURE_SIZES, DecodeBuffers, decode_graph_max_batch, decode_meta, graph_sizes, padded_size,
 )
-from hybrid_serve.engine.forward_batch import ForwardBatch
 from hybrid_serve.mem_cache import RequestRowTable
 
 
@@ -36,37 +35,40 @@ def test_graph_max_batch_only_on_cuda():
         EngineConfig(model="m", cuda_graph_max_batch=0)
 
 
-def test_pad_decode_plan():
-    assert pad_decode_plan([3, 1, 2], [9, 4, 6], [11, 12, 13], 4) == ([3, 1, 2, 0], [9, 4, 6, 0], [11, 12, 13, 0])
-    assert pad_decode_plan([3], [9], [11], 1) == ([3], [9], [11])
+def test_decode_meta_pads_rows():
+    assert decode_meta([3, 1, 2], [9, 4, 6], [11, 12, -1], 4) == [3, 1, 2, 0, 9, 4, 6, 0, 11, 12, -1, 0]
+    assert decode_meta([3], [9], [11], 1) == [3, 9, 11]
     with pytest.raises(ValueError, match="cannot pad"):
-        pad_decode_plan([3, 1], [9, 4], [11, 12], 1)
+        decode_meta([3, 1], [9, 4], [11, 12], 1)
 
 
-def test_buffers_hold_padded_metadata_in_place():
-    """Padding rows point at request row 0, position 0, KV slot 0 and state slot 0."""
+def test_buffers_build_the_batch_from_one_metadata_copy():
+    """The graph's ForwardBatch comes from meta alone: KV and state slots looked up in the
+    table, pending ids (-1) taken from the last sampled tokens, padding rows pointing at
+    request row 0, position 0, KV slot 0 and state slot 0."""
     table = RequestRowTable(4, 32, "cpu")
     for row, state_slot in ((1, 7), (2, 5), (3, 6)):
         table.set_state_slot(row, state_slot)
         table.set_kv_slots(row, 0, torch.arange(32) + 100 * row)
+    last_tokens = torch.tensor([0, 41, 42, 43, 44])
     buffers = DecodeBuffers(8, "cpu")
-    sentinel = buffers.positions[4:].clone()
-    rows, prefix, ids = pad_decode_plan([3, 1, 2], [9, 4, 6], [11, 12, 13], 4)
-    fb = buffers.load(ForwardBatch.build(rows, prefix, [1] * 4, table, None, None), torch.tensor(ids))
+    sentinel = buffers.meta[12:].clone()
+    flat = decode_meta([3, 1, 2], [9, 4, 6], [11, -1, 13], 4)
+    assert buffers.load(flat) == 4
+    input_ids, fb = buffers.forward_batch(4, table, None, None, last_tokens, flat)
 
+    assert input_ids.tolist() == [11, 41, 13, 0]
     assert fb.positions.tolist() == [9, 4, 6, 0]
     assert fb.kv_slots.tolist() == [309, 104, 206, 0]
-    assert fb.state_slots.tolist() == [6, 7, 5, 0]
+    assert fb.state_slots.tolist() == [6, 7, 5, 0] and fb.state_slots_host == [6, 7, 5, 0]
     assert fb.req_rows_t.tolist() == [3, 1, 2, 0] and fb.prefix_lens_t.tolist() == [9, 4, 6, 0]
+    assert fb.req_rows == [3, 1, 2, 0] and fb.prefix_lens == [9, 4, 6, 0]
     assert fb.extend_lens_t.tolist() == [1] * 4 and fb.cu_seqlens_t.tolist() == [0, 1, 2, 3, 4]
     assert fb.logits_indices.tolist() == [0, 1, 2, 3] and fb.max_extend_len == 1
-    assert buffers.input_ids[:4].tolist() == [11, 12, 13, 0]
-    for name in DecodeBuffers.STEP_FIELDS + ("extend_lens_t", "cu_seqlens_t", "logits_indices"):
-        assert getattr(fb, name).data_ptr() == getattr(buffers, name).data_ptr(), name  # views, not copies
-    assert torch.equal(buffers.positions[4:], sentinel)  # rows past the size untouched
+    assert torch.equal(buffers.meta[12:], sentinel)  # rows past the size untouched
 
-    with pytest.raises(ValueError, match="decode batch"):
-        buffers.load(ForwardBatch.build([1], [0], [2], table, None, None), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="does not fit"):
+        buffers.load([0] * 27)
 
 
 def _greedy_tokens(model_dir, graph_max_batch, force_triton, monkeypatch):
@@ -75,9 +77,9 @@ def _greedy_tokens(model_dir, graph_max_batch, force_triton, monkeypatch):
     runner = llm.engine.runner
     sizes_run = []
     if graph_max_batch:  # the graph path, run eagerly: nothing is captured on CPU
-        graphs = runner.decode_graphs = DecodeGraphs(runner.model, graph_max_batch, "cpu")
+        graphs = runner.use_decode_graphs(graph_max_batch)
         run = graphs.run
-        graphs.run = lambda fb, ids: sizes_run.append(fb.batch_size) or run(fb, ids)
+        graphs.run = lambda meta: sizes_run.append(len(meta) // 3) or run(meta)
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (5, 11, 3)]
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (6, 2, 4)]

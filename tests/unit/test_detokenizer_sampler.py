@@ -3,7 +3,7 @@ import torch
 
 from hybrid_serve.engine.detokenizer import IncrementalDetokenizer
 from hybrid_serve.engine.request import Request
-from hybrid_serve.engine.sampler import _mask_logits, sample
+from hybrid_serve.engine.sampler import _mask_logits, mask_early_stops, record_logprobs, sample
 from hybrid_serve.engine.sampling_params import SamplingParams
 
 
@@ -64,11 +64,16 @@ def test_top_k_top_p_min_p_masks():
 def test_greedy_min_tokens_and_logprobs():
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
     req = _req(temperature=0.0, min_tokens=1, logprobs=2)  # eos is token 0
-    assert sample(logits, [req]) == [1]  # eos banned before min_tokens
+    masked = mask_early_stops(logits, [req])
+    tokens = sample(masked, [req]).tolist()
+    assert tokens == [1]  # eos banned before min_tokens
+    record_logprobs(masked, tokens, [req])
     entry = req.logprobs[0]
     assert set(entry) == {1, 2} and entry[1].rank == 1
     req2 = _req(temperature=0.0, logprobs=0)
-    assert sample(logits, [req2]) == [0]
+    tokens = sample(logits, [req2]).tolist()
+    assert tokens == [0]
+    record_logprobs(logits, tokens, [req2])
     assert abs(req2.logprobs[0][0].logprob - float(torch.log_softmax(logits[0], -1)[0])) < 1e-6
 
 
@@ -82,9 +87,9 @@ def test_batched_gpu_sampler_is_seeded_per_request(monkeypatch):
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 50, generator=gen).to("cuda" if torch.cuda.is_available() else "cpu")
     seeded = lambda: _req(temperature=1.0, seed=7)
-    alone = sample(logits[:1], [seeded()])
-    batch = sample(logits, [seeded(), _req(temperature=0.0), _req(temperature=1.0, top_k=1, seed=3)])
+    alone = sample(logits[:1], [seeded()]).tolist()
+    batch = sample(logits, [seeded(), _req(temperature=0.0), _req(temperature=1.0, top_k=1, seed=3)]).tolist()
     assert batch[0] == alone[0]
     assert batch[1] == int(logits[1].argmax()) and batch[2] == int(logits[2].argmax())  # greedy, top_k=1
-    draws = {tuple(sample(logits[:1], [_req(temperature=5.0, seed=s)])) for s in range(20)}
+    draws = {tuple(sample(logits[:1], [_req(temperature=5.0, seed=s)]).tolist()) for s in range(20)}
     assert len(draws) > 1  # different seeds, different tokens
