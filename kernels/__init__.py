@@ -8,7 +8,8 @@ nothing from the rest of hybrid_serve.
     gated_delta     gated_delta_rule_recurrent      GDN state in the pool (+ verify scratch)
     mamba_ssm       selective_state_update_varlen   Mamba2 state in the pool (+ verify scratch)
     attention       store_kv, paged_attention       mixed decode / prefill batch, GQA, split-KV
-    norm            rms_norm, gated_rms_norm, grouped_gated_rms_norm
+    norm            rms_norm, add_rms_norm, gated_rms_norm, grouped_gated_rms_norm
+    activation      silu_and_mul                    SwiGLU activation in one pass
     rotary          rotary_neox
     state_ops       commit_verified_state, copy_state_slots
     sampling        sample_tokens, masked_logits    per-row params and seeds, no host sync

@@ -24,7 +24,8 @@ import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import (
-    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor, next_pow2,
+    FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
+    index_checks_enabled, max_seqlen, next_pow2,
 )
 
 LOG2E = 1.4426950408889634
@@ -39,19 +40,24 @@ def _paged_attention_kernel(
     stride_po_s, stride_po_t, stride_po_h, stride_pl_s, stride_pl_t, stride_rtt,
     GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
 ):
     pid, hk, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if pid >= tl.load(cu_blocks_ptr + batch):
-        return
-    lo = pid * 0  # request b: the largest b with cu_blocks[b] <= pid
-    hi = lo + batch
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        go_right = tl.load(cu_blocks_ptr + mid) <= pid
-        lo = tl.where(go_right, mid, lo)
-        hi = tl.where(go_right, hi, mid)
-    b = lo
-    blk = pid - tl.load(cu_blocks_ptr + b)
+    if ONE_BLOCK:  # every request fits one q block (decode): program = request, no cu_blocks
+        b = pid
+        blk = pid * 0
+    else:
+        if pid >= tl.load(cu_blocks_ptr + batch):
+            return
+        lo = pid * 0  # request b: the largest b with cu_blocks[b] <= pid
+        hi = lo + batch
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            go_right = tl.load(cu_blocks_ptr + mid) <= pid
+            lo = tl.where(go_right, mid, lo)
+            hi = tl.where(go_right, hi, mid)
+        b = lo
+        blk = pid - tl.load(cu_blocks_ptr + b)
     q_start = tl.load(cu_ptr + b)
     ext = tl.load(cu_ptr + b + 1) - q_start
     prefix = tl.load(prefix_ptr + b)
@@ -189,6 +195,7 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,
     num_kv_splits: int | None = None,
+    max_extend_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole paged context (GQA).
 
@@ -197,7 +204,9 @@ def paged_attention(
     req_rows, prefix_lens: [B] int32/int64 (request b's row, and its tokens already in the
     pool); cu_seqlens: [B+1] int32/int64 offsets of the new tokens (extend_len = difference);
     scale: softmax scale; out: optional [T, Hq, Dv] buffer; num_kv_splits: KV splits per
-    request (default: enough programs for the device; 1 writes the output directly).
+    request (default: enough programs for the device; 1 writes the output directly);
+    max_extend_len: optional host bound on the new tokens per request (1 for decode), which
+    lets decode skip the q-block bookkeeping (a few small launches per call).
     Returns o: [T, Hq, Dv] in q's dtype. Softmax statistics and accumulation in fp32.
     """
     check_launch_device("paged_attention", q)
@@ -218,10 +227,14 @@ def paged_attention(
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     max_context = req_to_token.shape[1]
-    check_index_range("req_rows", req_rows, 0, req_to_token.shape[0])
-    check_index_range("prefix_lens + extend_lens", prefix_lens + (cu_seqlens[1:] - cu_seqlens[:-1]), 1,
-                      max_context + 1)
-    check_index_range("req_to_token", req_to_token, 0, num_kv_slots)
+    if index_checks_enabled(q):
+        check_index_range("req_rows", req_rows, 0, req_to_token.shape[0])
+        check_index_range("prefix_lens + extend_lens", prefix_lens + (cu_seqlens[1:] - cu_seqlens[:-1]), 1,
+                          max_context + 1)
+        check_index_range("req_to_token", req_to_token, 0, num_kv_slots)
+        if max_extend_len is not None and max_seqlen(cu_seqlens) > max_extend_len:
+            raise ValueError(f"max_extend_len={max_extend_len} is below the longest extend "
+                             f"({max_seqlen(cu_seqlens)} tokens)")
     dv = v_cache.shape[2]
     o = out if out is not None else torch.empty((num_tokens, num_q_heads, dv), dtype=q.dtype, device=q.device)
     check_tensor("out", o, ndim=3, shape=(num_tokens, num_q_heads, dv), dtypes=FLOAT_DTYPES, device=q.device)
@@ -231,10 +244,14 @@ def paged_attention(
     group = num_q_heads // num_kv_heads
     block_m = 16 if num_tokens <= batch * max(1, 16 // group) else 64
     block_n = 64 if max(head_dim, dv) <= 128 else 32
-    ext = cu_seqlens[1:] - cu_seqlens[:-1]
-    cu_blocks = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-    cu_blocks[1:] = torch.cumsum((ext * group + block_m - 1) // block_m, 0)
-    grid_m = triton.cdiv(num_tokens * group, block_m) + batch  # >= sum of q blocks, from shapes only
+    one_block = max_extend_len is not None and max_extend_len * group <= block_m
+    if one_block:
+        cu_blocks, grid_m = cu_seqlens, batch  # (cu_blocks unused)
+    else:
+        ext = cu_seqlens[1:] - cu_seqlens[:-1]
+        cu_blocks = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
+        cu_blocks[1:] = torch.cumsum((ext * group + block_m - 1) // block_m, 0)
+        grid_m = triton.cdiv(num_tokens * group, block_m) + batch  # >= sum of q blocks, from shapes only
     splits = num_kv_splits or _default_num_splits(
         q, triton.cdiv(num_tokens * group, block_m), num_kv_heads, max_context, block_n)
     if splits > 1:
@@ -252,7 +269,7 @@ def paged_attention(
         part_lse.stride(1) if splits > 1 else 0, req_to_token.stride(0),
         GROUP=group, D=head_dim, DV=dv, BD=max(16, next_pow2(head_dim)), BDV=max(16, next_pow2(dv)),
         BLOCK_M=block_m, BLOCK_N=block_n, NUM_SPLITS=splits,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", ONE_BLOCK=one_block,
         num_warps=4 if block_m == 16 else 8, num_stages=2,
     )
     if splits > 1:

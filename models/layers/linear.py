@@ -162,3 +162,9 @@ class LinearGroup:
         if self.weight is None:
             return [p(x) for p in self.parts]
         return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))  # column slices
+
+    def concatenated(self, x: torch.Tensor) -> torch.Tensor:
+        """The parts' outputs side by side, [..., sum(out)]: one GEMM once fused."""
+        if self.weight is None:
+            return torch.cat([p(x) for p in self.parts], dim=-1)
+        return F.linear(x, self.weight, self.bias)

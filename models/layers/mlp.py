@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from . import ops
 from .linear import ColumnParallelLinear, LinearGroup, RowParallelLinear
 
 
@@ -20,5 +20,4 @@ class GatedMLP(nn.Module):
         self.gate_up.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ops.silu_and_mul(self.gate_up.concatenated(x)))

@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from ...kernels import HAS_TRITON
 from ...kernels import attention as _attn
 from ...kernels import causal_conv1d as _conv
 from ...kernels import gated_delta as _gdn
+from ...kernels import activation as _act
 from ...kernels import mamba_ssm as _ssm
 from ...kernels import moe as _moe
 from ...kernels import norm as _norm
@@ -40,6 +42,15 @@ def use_triton(t: torch.Tensor) -> bool:
     return HAS_TRITON and t.is_cuda
 
 
+# ----- activations ------------------------------------------------------------------------------
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [T, 2F] (gate | up) -> silu(gate) * up [T, F]; one launch on the kernel path."""
+    if use_triton(gate_up):
+        return _act.silu_and_mul(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 # ----- attention --------------------------------------------------------------------------
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb) -> None:
     """Write this step's keys/values at fb.kv_slots. k_cache: [S, Hkv, D]; k: [T, Hkv, D]."""
@@ -51,7 +62,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     """q: [T, Hq, D] over each request's paged context -> [T, Hq, Dv] in q's dtype."""
     if use_triton(q):
         return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows_t, fb.prefix_lens_t,
-                                     fb.cu_seqlens_t, scale)
+                                     fb.cu_seqlens_t, scale, max_extend_len=fb.max_extend_len)
     return _attn.paged_attention_ref(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                      fb.extend_lens, scale)
 

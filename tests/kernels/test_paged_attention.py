@@ -29,7 +29,7 @@ def _batch(prefix_lens, extend_lens, Hq, Hkv, D, Dv, dtype, device=DEVICE, seed=
     return to(q), to(k_cache), to(v_cache), to(req_to_token), to(req_rows.int())
 
 
-def _check(prefix_lens, extend_lens, Hq, Hkv, D, Dv, dtype, tol, splits=None, device=DEVICE):
+def _check(prefix_lens, extend_lens, Hq, Hkv, D, Dv, dtype, tol, splits=None, device=DEVICE, max_extend_len=None):
     q, k_cache, v_cache, req_to_token, req_rows = _batch(prefix_lens, extend_lens, Hq, Hkv, D, Dv, dtype, device)
     scale = D ** -0.5
     want = paged_attention_ref(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(), req_to_token.cpu(),
@@ -37,7 +37,8 @@ def _check(prefix_lens, extend_lens, Hq, Hkv, D, Dv, dtype, tol, splits=None, de
     out = torch.full((q.shape[0], Hq, Dv), float("nan"), dtype=dtype, device=device)
     got = paged_attention(q, k_cache, v_cache, req_to_token, req_rows,
                           torch.tensor(prefix_lens, dtype=torch.int32, device=device),
-                          cu_seqlens(extend_lens, device), scale, out=out, num_kv_splits=splits)
+                          cu_seqlens(extend_lens, device), scale, out=out, num_kv_splits=splits,
+                          max_extend_len=max_extend_len)
     assert got is out
     assert rel_err(got.float().cpu(), want) < tol
 
@@ -55,6 +56,14 @@ CASES = [
 @pytest.mark.parametrize("splits", [1, 3], ids=["nosplit", "split3"])
 def test_attention_fp32_matches_ref(prefix_lens, extend_lens, heads, splits):
     _check(prefix_lens, extend_lens, heads[0], heads[1], 16, 16, torch.float32, 1e-5, splits)
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (16, 1), (32, 1)], ids=["gqa4", "gqa16", "gqa32-two-blocks"])
+@pytest.mark.parametrize("splits", [1, 3], ids=["nosplit", "split3"])
+def test_decode_hint_skips_block_bookkeeping(heads, splits):
+    """max_extend_len=1 (decode): one q block per request where the group fits a block, the
+    general path otherwise; both equal the reference."""
+    _check([5, 17, 0, 9], [1, 1, 1, 1], heads[0], heads[1], 16, 16, torch.float32, 1e-5, splits, max_extend_len=1)
 
 
 def test_attention_odd_dims_big_group_default_splits():
@@ -78,6 +87,9 @@ def test_attention_rejects_bad_inputs():
         paged_attention(q, k_cache, v_cache, req_to_token, req_rows, prefix + 100, cu, 1.0)
     with pytest.raises(ValueError, match="multiple"):
         paged_attention(q[:, :3], k_cache, v_cache, req_to_token, req_rows, prefix, cu, 1.0)
+    q2, *_ = _batch([2], [2], 4, 2, 16, 16, torch.float32)
+    with pytest.raises(ValueError, match="max_extend_len"):
+        paged_attention(q2, k_cache, v_cache, req_to_token, req_rows, prefix, cu_seqlens([2]), 1.0, max_extend_len=1)
 
 
 def test_store_kv_matches_ref_and_touches_only_its_slots():
