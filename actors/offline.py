@@ -40,13 +40,18 @@ class ReplicaSet:
             self.config, self.tp_size, index, pg)
 
     def num_restarts(self, index: int) -> int:
-        """Times replica `index` was rebuilt: by its rank-0 actor, or here when that actor died."""
+        """Times replica `index` was rebuilt: replaced here (after a failed step, or when its rank-0
+        actor died), or by that actor itself."""
         return self.restarts[index] + ray.get(self.replicas[index].num_restarts.remote())
 
     def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
         """Spread requests over replicas (least assigned tokens first) and gather results.
-        Replicas whose last batch failed are rebuilt first, before any replica runs."""
-        ray.get([r.rebuild_if_broken.remote() for r in self.replicas])
+        Replicas whose last batch failed are replaced first, before any replica runs: a new
+        rank-0 process with new ShardWorkers, since a process whose collective failed may
+        keep broken communicator state (gloo has aborted such a process while it rebuilt)."""
+        for i, broken in enumerate(ray.get([r.is_broken.remote() for r in self.replicas])):
+            if broken:
+                self._replace(i)
         load = [0] * len(self.replicas)
         batches: list[list] = [[] for _ in self.replicas]
         for item in items:
@@ -66,8 +71,8 @@ class ReplicaSet:
         return results
 
     def _replace(self, index: int) -> None:
-        """Start a new rank-0 actor in the replica's placement group (its ShardWorkers died
-        with the old one: actors share their owner's fate)."""
+        """Start a new rank-0 actor in the replica's placement group (the old one's
+        ShardWorkers die with it: actors share their owner's fate)."""
         ray.kill(self.replicas[index])
         self.replicas[index] = self._start(index)
         ray.get(self.replicas[index].limits.remote())  # up and serving

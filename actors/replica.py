@@ -121,6 +121,10 @@ class ReplicaActor:
                 results[request_id] = batch_result([finished[s] for s in seq_ids]) if done else {"error": cause}
             return results
 
+    def is_broken(self) -> bool:
+        """A step failed since the last (re)build."""
+        return self.broken
+
     def rebuild_if_broken(self) -> bool:
         """Rebuild after a failed step; the driver calls this before it hands out the next
         batch, so a replica's restart never overlaps the others' work."""
@@ -137,7 +141,8 @@ class ReplicaActor:
         self.restarts += 1
 
     def benchmark_decode(self, batch: int, prompt_len: int, steps: int) -> list[dict]:
-        """Per decode step: wall time, rank 0's GPU time, broadcast time (benchmarks/tp_overhead.py)."""
+        """Per decode step, steps run back to back: wall time between step returns, rank 0's GPU
+        time of the step's execute (CUDA events), plan broadcast time (benchmarks/tp_overhead.py)."""
         from ..engine.sampling_params import SamplingParams
 
         engine = self.replica.engine
@@ -149,12 +154,19 @@ class ReplicaActor:
             engine.step()
         for _ in range(3):
             engine.step()
-        engine.step_timings, rows = [], []
-        for _ in range(steps):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
+        engine.step_timings, walls = [], []
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(steps):  # back to back, as served (overlapped scheduling hides host work)
             engine.step()
-            rows.append({**engine.step_timings[-1], "step_ms": (time.perf_counter() - t) * 1e3})
+            now = time.perf_counter()
+            walls.append((now - t) * 1e3)
+            t = now
+        torch.cuda.synchronize()
+        rows = []
+        for entry, wall in zip(engine.step_timings[-steps:], walls):
+            start, end = entry.pop("events")
+            rows.append({**entry, "gpu_ms": start.elapsed_time(end), "step_ms": wall})
         engine.step_timings = None
         for seq_id in ids:
             engine.abort(seq_id)

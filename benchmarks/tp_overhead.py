@@ -1,5 +1,5 @@
-"""Per-step control overhead of a tensor-parallel replica (step wall time minus rank 0's GPU
-time) and replica start-up time, on the 2.3B Qwen3.5-layout model with dummy weights.
+"""Per-step control overhead of a tensor-parallel replica (step wall time, steps back to back,
+minus rank 0's GPU time of the step: the time the GPU waits for the host) and replica start-up time, on the 2.3B Qwen3.5-layout model with dummy weights.
 
     python benchmarks/tp_overhead.py --tp 4 [--batches 1,16] [--graphs 1]    # on a 4-GPU machine
 Writes $OUT/results/tp4_step_control_overhead_ms.json (baseline: the same at tp=1 in the run).
@@ -65,7 +65,8 @@ def main() -> None:
               "device": f"{torch.cuda.device_count()}x {device}", "commit": os.environ.get("COMMIT", "unknown"),
               "date": datetime.date.today().isoformat(),
               "workload": f"qwen3_5_2p3b bf16 dummy, decode batch {batches[0]}, prompt 256, median of 30 steps, "
-                          f"CUDA graphs {'on' if args.graphs else 'off'}; overhead = step wall - rank-0 GPU time",
+                          f"CUDA graphs {'on' if args.graphs else 'off'}, steps back to back with overlapped scheduling; "
+                          f"overhead = step wall - rank-0 GPU time of the step",
               "tp_detail": tp, "baseline": {"tp1": base}}
     json.dump(record, open(os.path.join(out_dir, f"{record['metric']}.json"), "w"), indent=1)
     print(f"{'tp':>3} {'batch':>5} {'step ms':>8} {'gpu ms':>7} {'overhead':>8} {'bcast':>6} start s")

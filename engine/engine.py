@@ -70,9 +70,9 @@ class LLMEngine:
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
         self.step_timings: list[dict] | None = None  # benchmarks: set to [] to record where each step goes
         self.num_steps = 0  # steps run (a liveness/progress signal)
-        # queue step N+1 before reading step N's tokens back (needs the sampled tokens on every
-        # rank's device: rank 0 only, so tp = 1 for now)
-        self.overlap = config.async_scheduling and channel is None
+        # queue step N+1 before reading step N's tokens back (other ranks receive rank 0's
+        # sampled tokens from it on the device: ModelRunner.sync_last_tokens)
+        self.overlap = config.async_scheduling
         self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
 
     # ----- requests ----------------------------------------------------------------------
@@ -189,7 +189,10 @@ class LLMEngine:
             plan.prefix_lens.append(start)
             plan.extend_lens.append(chunk.num_tokens)
             ids = req.token_ids[start : start + chunk.num_tokens]
-            plan.input_ids.extend(ids + [-1] * (chunk.num_tokens - len(ids)))  # -1: pending (device)
+            if len(ids) < chunk.num_tokens:
+                ids = ids + [-1] * (chunk.num_tokens - len(ids))  # -1: pending, on the device
+                plan.has_pending = True
+            plan.input_ids.extend(ids)
             if chunk.samples:
                 plan.sample_rows.append(batch_row)
         return plan
@@ -207,8 +210,9 @@ class LLMEngine:
         return self.shard.execute(plan)
 
     def _execute_timed(self, plan: StepPlan):
-        """_execute, recording the broadcast's host time, the execute's wall time and its GPU
-        time (CUDA events, synchronized: for benchmarks only)."""
+        """_execute, recording the broadcast's host time, the execute call's host time and CUDA
+        events around it (benchmarks only: nothing waits here; read the GPU time with
+        `gpu_ms(entry)` once the device has caught up, e.g. after a synchronize)."""
         t0 = time.perf_counter()
         if self.channel is not None:
             self.channel.send(plan)
@@ -217,9 +221,8 @@ class LLMEngine:
         start.record()
         logits = self.shard.execute(plan)
         end.record()
-        end.synchronize()
         self.step_timings.append({"broadcast_ms": (t1 - t0) * 1e3, "execute_ms": (time.perf_counter() - t1) * 1e3,
-                                  "gpu_ms": start.elapsed_time(end), "batch": len(plan.req_rows)})
+                                  "events": (start, end), "batch": len(plan.req_rows)})
         return logits
 
 

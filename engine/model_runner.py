@@ -4,7 +4,9 @@ captured, see cuda_graph.py), return the sampled rows' logits.
 
 Input id -1 in a plan means "the token sampled for this request row by the previous step",
 which is still on the device (`last_tokens`, written by `record_sampled`): the engine queues
-a step before it has read the previous step's tokens back (engine.py, "overlap").
+a step before it has read the previous step's tokens back (engine.py, "overlap"). Only rank 0
+samples; with tensor parallelism a plan with pending ids first broadcasts rank 0's
+`last_tokens` to the other ranks over the TP group (on the stream, no host sync).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from ..device_io import to_device
 from ..mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
+from ..models.layers.parallel import broadcast_from_rank0
 from .cuda_graph import DecodeGraphs, decode_meta
 from .forward_batch import ForwardBatch
 from .step_plan import StepPlan
@@ -67,6 +70,8 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Returns fp32 logits [len(plan.sample_rows), V], or None when nothing samples."""
         apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
+        if plan.has_pending:
+            broadcast_from_rank0(self.last_tokens)
         logits = None
         if plan.has_forward:
             size = self.decode_graphs.padded_size(plan.extend_lens) if self.decode_graphs is not None else None

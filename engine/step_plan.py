@@ -4,7 +4,9 @@ within it; the host keeps everything else).
     pre_ops   : cache ops applied before the forward (row maps, KV slots, resets, COW copies)
     post_ops  : cache ops applied after the forward (state checkpoint snapshots)
     req_rows / prefix_lens / extend_lens : one entry per batch row
-    input_ids : the batch's new tokens back to back (T = sum(extend_lens))
+    input_ids : the batch's new tokens back to back (T = sum(extend_lens)); -1 = the token
+                the previous step sampled for that request row, still on the device
+    has_pending : some input id is -1 (ranks > 0 first receive rank 0's sampled tokens)
     sample_rows : batch rows whose last token's logits are wanted
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ class StepPlan:
     prefix_lens: list[int] = field(default_factory=list)
     extend_lens: list[int] = field(default_factory=list)
     input_ids: list[int] = field(default_factory=list)
+    has_pending: bool = False
     sample_rows: list[int] = field(default_factory=list)
 
     @property

@@ -86,7 +86,9 @@ def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[
 def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, torch.Tensor]]:
     """Random full-size weights, as a checkpoint would hold them: each tensor drawn from its own
     CPU generator seeded by (seed, name), so every TP rank and every device get the same model. N(0, 0.02) for
-    matrices, N(0, 0.1) for vectors, 1 + N(0, 0.1) for norm weights that multiply (not zero-centered ones)."""
+    matrices, N(0, 0.1) for vectors, 1 + N(0, 0.1) for norm weights that multiply (not zero-centered ones),
+    rounded to bf16 values as a released bf16 checkpoint holds them (an fp32 model then computes on exactly
+    the weights a bf16 one has)."""
     from .layers import parallel
 
     saved = (parallel.tp_rank(), parallel.tp_size(), parallel._TP.group)
@@ -105,7 +107,7 @@ def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, t
         owner = name.rsplit(".", 1)[0]
         if param.dim() == 1 and "norm" in owner.rsplit(".", 1)[-1] and not getattr(modules.get(owner), "zero_centered", False):
             values += 1.0  # a norm that multiplies by its weight starts near 1, as trained ones are
-        yield name, values.to(device)
+        yield name, values.to(torch.bfloat16).float().to(device)
 
 
 # config fields whose heads/groups are split across tensor-parallel ranks

@@ -90,6 +90,8 @@ def gated_delta_rule_recurrent(
     use_qk_l2norm: bool = True,
     intermediate_states: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    block_v: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Gated delta rule over a varlen batch, token by token (decode, verify, short prefill).
 
@@ -101,7 +103,8 @@ def gated_delta_rule_recurrent(
     scale: default Dk**-0.5; use_qk_l2norm: L2-normalise q and k (eps 1e-6) first;
     intermediate_states: optional [B_scratch >= B, S, HV, Dk, Dv] verify scratch: [b, s]
     receives the state after token s of batch row b (steps >= S dropped), the pool is NOT
-    written; out: optional [T, HV, Dv] buffer. Returns o: [T, HV, Dv] in v's dtype.
+    written; out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
+    dims per program, 4 warps). Returns o: [T, HV, Dv] in v's dtype.
     """
     check_launch_device("gated_delta_rule_recurrent", q)
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
@@ -133,7 +136,11 @@ def gated_delta_rule_recurrent(
         raise ValueError(f"intermediate_states must have contiguous [Dk, Dv], got strides {inter.stride()}")
     if batch == 0 or num_tokens == 0:
         return o
-    block_k, block_v = next_pow2(dk), min(next_pow2(dv), 32)
+    block_k = next_pow2(dk)
+    block_v = block_v or min(next_pow2(dv), 32)
+    if block_v != next_pow2(block_v):
+        raise ValueError(f"block_v must be a power of 2, got {block_v}")
+    num_warps = num_warps or (1 if block_k * block_v <= 2048 else 4)
     grid = (triton.cdiv(dv, block_v), batch, num_v_heads)
     _gated_delta_recurrent_kernel[grid](
         q, k, v, g, beta, o, ssm_states, state_slots, cu_seqlens, inter,
@@ -144,6 +151,6 @@ def gated_delta_rule_recurrent(
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         NUM_V_HEADS=num_v_heads, HEADS_PER_K=num_v_heads // num_k_heads, DK=dk, DV=dv,
         BK=block_k, BV=block_v, USE_L2NORM=use_qk_l2norm, VERIFY=verify,
-        num_warps=1 if block_k * block_v <= 2048 else 4,
+        num_warps=num_warps,
     )
     return o

@@ -45,6 +45,13 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def broadcast_from_rank0(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's x becomes rank 0's (in place); a no-op without tensor parallelism."""
+    if _TP.size > 1:
+        dist.broadcast(x, src=dist.get_global_rank(_TP.group, 0) if _TP.group is not None else 0, group=_TP.group)
+    return x
+
+
 def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     if _TP.size == 1:
         return x
