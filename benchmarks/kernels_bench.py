@@ -1,5 +1,6 @@
 """Kernel benchmarks at serving shapes: check each Triton kernel against its ref, time it,
-and report achieved GB/s against the device's measured copy bandwidth.
+and report achieved GB/s against the device's measured copy bandwidth (and, for the
+matmul-bound fused MoE, TFLOP/s against its measured bf16 matmul rate).
 
 Shapes: the 2.3B Qwen3.5 layout (hidden 2048; GDN 16 key / 32 value heads of 128, conv 4,
 conv dim 8192; attention 16 q / 2 kv heads of 256, partial rotary 64; vocab 248320;
@@ -23,11 +24,15 @@ from typing import Callable
 
 import torch
 
+from hybrid_serve.kernels.activation import silu_and_mul, silu_and_mul_ref
 from hybrid_serve.kernels.attention import paged_attention, paged_attention_ref, store_kv
 from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen, causal_conv1d_varlen_ref
 from hybrid_serve.kernels.gated_delta import gated_delta_rule_recurrent, gated_delta_rule_varlen_ref
 from hybrid_serve.kernels.mamba_ssm import selective_state_update_varlen, selective_state_update_varlen_ref
-from hybrid_serve.kernels.norm import gated_rms_norm, gated_rms_norm_ref, rms_norm, rms_norm_ref
+from hybrid_serve.kernels.moe import fused_moe, fused_moe_ref, moe_topk_softmax
+from hybrid_serve.kernels.norm import (
+    add_rms_norm, add_rms_norm_ref, gated_rms_norm, gated_rms_norm_ref, rms_norm, rms_norm_ref,
+)
 from hybrid_serve.kernels.rotary import rotary_neox, rotary_neox_ref
 from hybrid_serve.kernels.sampling import masked_logits, masked_logits_ref, sample_tokens
 from hybrid_serve.kernels.state_ops import commit_verified_state, commit_verified_state_ref, copy_state_slots
@@ -44,6 +49,7 @@ class Case:
     check: Callable[[], float]  # relative error vs the ref (fresh state copies)
     nbytes: int  # minimum bytes the op must move
     tol: float = 2e-2
+    flops: int = 0  # for matmul-bound kernels: FLOPs per call (reported against the matmul rate)
 
 
 def rel(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -61,7 +67,7 @@ class Bench:
         self.hidden, self.conv_dim, self.hk, self.hv, self.dk = s(2048), s(8192), s(16), s(32), s(128, 8)
         self.hq, self.hkv, self.head_dim, self.rot = s(16), s(2, 2), s(256, 16), s(64, 4)
         self.m_heads, self.m_dim, self.m_groups, self.m_state = s(128), s(64, 8), s(8, 8), s(128, 8)
-        self.vocab, self.gdn_layers = s(248320, 1024), s(18, 9)
+        self.vocab, self.gdn_layers, self.inter = s(248320, 1024), s(18, 9), s(6144)
 
     def randn(self, *shape, dtype=torch.float32, scale=1.0):
         return (torch.randn(*shape, device=self.device) * scale).to(dtype)
@@ -181,6 +187,46 @@ class Bench:
                  3 * core.numel() * 2),
         ]
 
+    def mlp_act(self, batch: int) -> list[Case]:
+        """silu-and-mul of the MLP (intermediate 6144) and the residual add + RMSNorm."""
+        gu = self.randn(batch, 2 * self.inter, dtype=BF16)
+        x, res = self.randn(batch, self.hidden, dtype=BF16), self.randn(batch, self.hidden, dtype=BF16)
+        w = self.randn(self.hidden, dtype=BF16, scale=0.1)
+
+        def check_add():
+            got, got_sum = add_rms_norm(x, res.clone(), w, 1e-6, True)
+            want, want_sum = add_rms_norm_ref(x, res.clone(), w, 1e-6, True)
+            return max(rel(got, want), rel(got_sum, want_sum))
+
+        return [
+            Case("silu_and_mul", batch, f"[{batch}, 2x{self.inter}] bf16", lambda: silu_and_mul(gu),
+                 lambda: rel(silu_and_mul(gu), silu_and_mul_ref(gu)), 3 * gu.numel()),
+            Case("add_rms_norm_zc", batch, f"[{batch}, {self.hidden}] bf16",
+                 lambda: add_rms_norm(x, res, w, 1e-6, True), check_add, 4 * x.numel() * 2),
+        ]
+
+    def moe(self, tokens: int) -> Case:
+        """Qwen3-Next's routed experts: 512 experts of intermediate 512 at hidden 2048, top-10,
+        gated SiLU. Bytes = the weights of the experts the batch touches; FLOPs = 2 * T * K * 3 I H."""
+        E, inter, hidden, k = 512, 512, 2048, 10
+        if self.smoke:
+            E, inter, hidden = 16, 32, 64
+        x = self.randn(tokens, hidden, dtype=BF16)
+        w13 = self.randn(E, 2 * inter, hidden, dtype=BF16, scale=0.02)
+        w2 = self.randn(E, hidden, inter, dtype=BF16, scale=0.02)
+        weights, ids = moe_topk_softmax(self.randn(tokens, E), k, True)
+        touched = int(torch.unique(ids).numel())
+        nbytes = touched * 3 * inter * hidden * 2 + 2 * x.numel() * 2
+        flops = 2 * tokens * k * 3 * inter * hidden
+
+        def check():
+            rows = slice(0, min(tokens, 64))
+            return rel(fused_moe(x[rows], w13, w2, weights[rows], ids[rows]),
+                       fused_moe_ref(x[rows].float(), w13.float(), w2.float(), weights[rows], ids[rows]))
+
+        return Case("fused_moe", tokens, f"E={E} I={inter} H={hidden} top-{k} bf16, {touched} experts hit",
+                    lambda: fused_moe(x, w13, w2, weights, ids), check, nbytes, flops=flops)
+
     def rotary(self, batch: int) -> Case:
         q = self.randn(batch, self.hq, self.head_dim, dtype=BF16)
         k = self.randn(batch, self.hkv, self.head_dim, dtype=BF16)
@@ -249,10 +295,11 @@ class Bench:
         out = []
         for b in batches:
             out += [self.conv(b), self.gdn(b), self.mamba(b), self.attention(b, ctx), self.store_kv(b), self.rotary(b)]
-            out += self.norms(b) + self.state_ops(b) + self.sampling(b)
+            out += self.norms(b) + self.mlp_act(b) + self.state_ops(b) + self.sampling(b) + [self.moe(b)]
             if b >= 16:
                 out += [self.conv(b, 4), self.gdn(b, 4)]
         out.append(self.attention(1, ctx // 2 if not self.smoke else 64, ctx // 2 if not self.smoke else 32))
+        out.append(self.moe(4096 if not self.smoke else 64))  # a prefill chunk: matmul-bound
         return out
 
 
@@ -265,6 +312,14 @@ def time_ms(fn: Callable[[], object], smoke: bool) -> float:
     import triton.testing
 
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def matmul_tflops(device: str, smoke: bool) -> float:
+    """bf16 [8192 x 8192] @ [8192 x 8192] through torch (cuBLAS): the card's matmul rate."""
+    n = 256 if smoke else 8192
+    a = torch.randn(n, n, device=device, dtype=BF16)
+    b = torch.randn(n, n, device=device, dtype=BF16)
+    return 2 * n**3 / (time_ms(lambda: a @ b, smoke) * 1e-3) / 1e12
 
 
 def copy_bandwidth_gbps(device: str, smoke: bool) -> float:
@@ -288,8 +343,9 @@ def main() -> None:
     torch.manual_seed(0)
     bench = Bench(device, args.smoke)
     copy_bw = copy_bandwidth_gbps(device, args.smoke)
+    mm_rate = matmul_tflops(device, args.smoke)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)"
-    print(f"device: {name}; measured copy bandwidth {copy_bw:.0f} GB/s")
+    print(f"device: {name}; measured copy bandwidth {copy_bw:.0f} GB/s, bf16 matmul rate {mm_rate:.0f} TFLOP/s")
     print(f"{'kernel':<24}{'B':>4}  {'time_us':>10}{'GB/s':>9}{'%copy':>7}{'rel_err':>10}  shape")
     records = []
     only = [p for p in args.only.split(",") if p]
@@ -302,11 +358,15 @@ def main() -> None:
         gbps = case.nbytes / (ms * 1e-3) / 1e9
         rec = dict(kernel=case.kernel, batch=case.batch, shape=case.shape, time_us=round(ms * 1e3, 2),
                    bytes=case.nbytes, gbps=round(gbps, 1), pct_of_copy_bw=round(100 * gbps / copy_bw, 1),
-                   rel_err=err, ok=ok, device=name, copy_gbps=round(copy_bw, 1))
+                   rel_err=err, ok=ok, device=name, copy_gbps=round(copy_bw, 1), matmul_tflops=round(mm_rate, 1))
+        if case.flops:
+            rec["tflops"] = round(case.flops / (ms * 1e-3) / 1e12, 1)
+            rec["pct_of_matmul_rate"] = round(100 * rec["tflops"] / mm_rate, 1)
         records.append(rec)
         flag = "" if ok else "  <-- MISMATCH"
+        mm = f"  {rec['tflops']:.0f} TFLOP/s = {rec['pct_of_matmul_rate']:.0f}% of matmul" if case.flops else ""
         print(f"{case.kernel:<24}{case.batch:>4}  {rec['time_us']:>10.1f}{gbps:>9.0f}{rec['pct_of_copy_bw']:>7.1f}"
-              f"{err:>10.1e}  {case.shape}{flag}")
+              f"{err:>10.1e}  {case.shape}{mm}{flag}")
         if device == "cuda":
             torch.cuda.empty_cache()
     out_dir = os.environ.get("OUT") or "bench_out"
