@@ -10,7 +10,8 @@ slice S[:, v-block] ([Dk, BV] fp32) in registers for the whole row and per token
 
 The state is read from ssm_states[slot] (zeros for a negative slot) and written back in
 place, or, in verify mode, written after EVERY token to intermediate_states[b, step] with
-the pool left untouched.
+the pool left untouched. With FUSED_GATING the program computes g and beta itself from the
+raw projections a, b (as kernels/gated_delta/triton_gating.py does; one launch less per layer).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from .._common import (
 
 @triton.jit
 def _gated_delta_recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, slots_ptr, cu_ptr, inter_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, slots_ptr, cu_ptr, inter_ptr, a_log_ptr, dt_bias_ptr,
     scale, num_slots, inter_rows, inter_steps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_g_t, stride_g_h, stride_b_t, stride_b_h, stride_o_t, stride_o_h,
@@ -35,6 +36,7 @@ def _gated_delta_recurrent_kernel(
     stride_i_b, stride_i_s, stride_i_h, stride_i_k,
     NUM_V_HEADS: tl.constexpr, HEADS_PER_K: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, VERIFY: tl.constexpr,
+    FUSED_GATING: tl.constexpr,
 ):
     pid_v, b, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // HEADS_PER_K
@@ -49,6 +51,9 @@ def _gated_delta_recurrent_kernel(
     s_off = offs_k[:, None] * stride_s_k + offs_v[None, :]  # [BK, BV] inside one head's [Dk, Dv]
     s_ptrs = states_ptr + slot * stride_s_n + hv * stride_s_h + s_off
     state = tl.load(s_ptrs, mask=mask_kv & has_state, other=0.0).to(tl.float32)  # [BK, BV]
+    if FUSED_GATING:
+        neg_decay_rate = -tl.exp(tl.load(a_log_ptr + hv).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
 
     for t in range(start, end):
         q = tl.load(q_ptr + t * stride_q_t + h * stride_q_h + offs_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -56,6 +61,10 @@ def _gated_delta_recurrent_kernel(
         v = tl.load(v_ptr + t * stride_v_t + hv * stride_v_h + offs_v, mask=mask_v, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + t * stride_g_t + hv * stride_g_h).to(tl.float32)
         beta = tl.load(beta_ptr + t * stride_b_t + hv * stride_b_h).to(tl.float32)
+        if FUSED_GATING:  # g, beta hold the projections a, b: gates as gdn_gating_ref (beta rounded to b's dtype)
+            x = g + dt_bias
+            g = neg_decay_rate * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+            beta = (1.0 / (1.0 + tl.exp(-beta))).to(beta_ptr.dtype.element_ty).to(tl.float32)
         if USE_L2NORM:
             q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
@@ -92,6 +101,7 @@ def gated_delta_rule_recurrent(
     out: torch.Tensor | None = None,
     block_v: int | None = None,
     num_warps: int | None = None,
+    gating: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Gated delta rule over a varlen batch, token by token (decode, verify, short prefill).
 
@@ -104,7 +114,8 @@ def gated_delta_rule_recurrent(
     intermediate_states: optional [B_scratch >= B, S, HV, Dk, Dv] verify scratch: [b, s]
     receives the state after token s of batch row b (steps >= S dropped), the pool is NOT
     written; out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
-    dims per program, 4 warps). Returns o: [T, HV, Dv] in v's dtype.
+    dims per program, 4 warps); gating: optional (A_log [HV], dt_bias [HV]): then g and beta
+    are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself. Returns o: [T, HV, Dv] in v's dtype.
     """
     check_launch_device("gated_delta_rule_recurrent", q)
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
@@ -127,6 +138,11 @@ def gated_delta_rule_recurrent(
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, q on {q.device}")
     check_index_range("state_slots", state_slots, 0, ssm_states.shape[0], allow_negative=True)
+    a_log = dt_bias = state_slots  # unused unless gating
+    if gating is not None:
+        a_log, dt_bias = gating
+        for name, t in (("A_log", a_log), ("dt_bias", dt_bias)):
+            check_tensor(name, t, ndim=1, dtypes=FLOAT_DTYPES, shape=(num_v_heads,), device=q.device, contiguous=True)
     o = out if out is not None else torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
     check_tensor("out", o, ndim=3, shape=(num_tokens, num_v_heads, dv), dtypes=FLOAT_DTYPES, device=q.device)
     verify = intermediate_states is not None
@@ -143,14 +159,14 @@ def gated_delta_rule_recurrent(
     num_warps = num_warps or (1 if block_k * block_v <= 2048 else 4)
     grid = (triton.cdiv(dv, block_v), batch, num_v_heads)
     _gated_delta_recurrent_kernel[grid](
-        q, k, v, g, beta, o, ssm_states, state_slots, cu_seqlens, inter,
+        q, k, v, g, beta, o, ssm_states, state_slots, cu_seqlens, inter, a_log, dt_bias,
         dk ** -0.5 if scale is None else float(scale), ssm_states.shape[0], inter.shape[0], inter.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
         ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2),
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         NUM_V_HEADS=num_v_heads, HEADS_PER_K=num_v_heads // num_k_heads, DK=dk, DV=dv,
-        BK=block_k, BV=block_v, USE_L2NORM=use_qk_l2norm, VERIFY=verify,
+        BK=block_k, BV=block_v, USE_L2NORM=use_qk_l2norm, VERIFY=verify, FUSED_GATING=gating is not None,
         num_warps=num_warps,
     )
     return o

@@ -74,7 +74,8 @@ class GatedDeltaNetBase(nn.Module):
         q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         k = k.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
         v = v.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
-        g, beta = ops.gdn_gating(a, b, self.A_log, self.dt_bias)  # [T, HV] each; g is the log decay
-        core = ops.gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm=True)  # [T, HV, Dv]
+        # gates g (log decay) and beta from a, b: [T, HV] each, inside the recurrent kernel on GPU
+        core = ops.gated_delta_rule_from_projections(q, k, v, a, b, self.A_log, self.dt_bias, ssm_states, fb,
+                                                     use_qk_l2norm=True)  # [T, HV, Dv]
         out = self.norm(core, z)  # [T, HV, Dv]
         return out.reshape(num_tokens, self.value_dim)

@@ -96,6 +96,18 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                                             use_qk_l2norm=use_qk_l2norm)
 
 
+def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
+                                      b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                                      ssm_states: torch.Tensor, fb, use_qk_l2norm: bool = True) -> torch.Tensor:
+    """gdn_gating(a, b, A_log, dt_bias) then gated_delta_rule: a, b: [T, HV] raw projections.
+    The kernel path computes the gates inside the recurrent kernel (one launch)."""
+    if use_triton(q):
+        return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens_t,
+                                               use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias))
+    g, beta = gdn_gating(a, b, A_log, dt_bias)
+    return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm)
+
+
 def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                            D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, fb, *,
                            dt_softplus: bool, dt_limit: tuple[float, float],

@@ -4,7 +4,9 @@ import torch
 from kernel_utils import DEVICE, cu_seqlens, gpu, lens_id, rel_err, require_triton
 
 require_triton()
-from hybrid_serve.kernels.gated_delta import gated_delta_rule_recurrent, gated_delta_rule_varlen_ref  # noqa: E402
+from hybrid_serve.kernels.gated_delta import (  # noqa: E402
+    gated_delta_rule_recurrent, gated_delta_rule_varlen_ref, gdn_gating_ref,
+)
 
 
 def _inputs(lens, slots, H, HV, Dk, Dv, dtype, num_slots, device=DEVICE, seed=0):
@@ -54,6 +56,32 @@ def test_gdn_fp32_matches_ref(lens, slots, heads):
 
 def test_gdn_odd_head_dims_and_no_l2norm():
     _check([3, 2], [1, 4], 1, 3, 12, 40, torch.float32, 1e-5, l2norm=False)  # Dk, Dv not powers of 2, Dv > BV
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gdn_fused_gating_matches_gating_ref_then_rule(dtype):
+    """gating=(A_log, dt_bias): g and beta computed in the kernel from the raw projections
+    a, b (strided slices of one projection, as in the model) equal gdn_gating_ref + the rule;
+    a + dt_bias above 20 takes softplus's linear branch."""
+    lens, slots, H, HV, Dk, Dv = [2, 1, 3], [4, 1, 6], 2, 4, 16, 8
+    q, k, v, _, _, pool = _inputs(lens, slots, H, HV, Dk, Dv, dtype, 6)
+    gen = torch.Generator().manual_seed(3)
+    ba = (torch.randn(sum(lens), 2 * HV + 3, generator=gen) * 2).to(dtype).to(DEVICE)
+    b, a = ba[:, 3:3 + HV], ba[:, 3 + HV:]
+    a_log = torch.randn(HV, generator=gen).to(DEVICE)
+    dt_bias = torch.tensor([0.0, 0.5, -1.0, 25.0]).to(DEVICE)
+    pool_ref = pool.cpu().clone()
+    g, beta = gdn_gating_ref(a.cpu(), b.cpu(), a_log.cpu(), dt_bias.cpu())
+    want = gated_delta_rule_varlen_ref(q.cpu(), k.cpu(), v.cpu(), g, beta, pool_ref, slots,
+                                       cu_seqlens(lens, "cpu").tolist())
+    got = gated_delta_rule_recurrent(q, k, v, a, b, pool, torch.tensor(slots, dtype=torch.int32, device=DEVICE),
+                                     cu_seqlens(lens, DEVICE), gating=(a_log, dt_bias))
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel_err(got.float().cpu(), want.float()) < tol
+    assert rel_err(pool.cpu().nan_to_num(), pool_ref.nan_to_num()) < tol
+    with pytest.raises(ValueError, match="A_log"):
+        gated_delta_rule_recurrent(q, k, v, a, b, pool, torch.tensor(slots, dtype=torch.int32, device=DEVICE),
+                                   cu_seqlens(lens, DEVICE), gating=(a_log[:2], dt_bias))
 
 
 def test_gdn_bf16_inputs():
