@@ -22,7 +22,7 @@ from .layers import (
 from .layers import ops
 from .layers.linear import KVParallelLinear, kv_heads_per_rank, segmented_shard
 from .layers.mamba2 import Mamba2Mixer
-from .layers.parallel import all_reduce, divide, tp_rank, tp_size
+from .layers.parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 # block type names (transformers 5 names, legacy names, pattern characters) -> pattern character
 _BLOCK_CODES = {
@@ -158,8 +158,10 @@ class NemotronHExperts(nn.Module):
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """hidden: [T, Hin]; topk_*: [T, k] (fp32 weights: fp32 accumulation). Returns this rank's
-        partial sum [T, Hin] (before all-reduce): sum_k w[t, k] * down_e(relu2(up_e(hidden[t])))."""
-        return ops.fused_moe(hidden, self.up_proj, self.down_proj, topk_weights, topk_ids, activation="relu2")
+        partial sum [T, Hin] (before all-reduce, in `partial_sum_dtype`):
+        sum_k w[t, k] * down_e(relu2(up_e(hidden[t])))."""
+        return ops.fused_moe(hidden, self.up_proj, self.down_proj, topk_weights, topk_ids, activation="relu2",
+                             out_dtype=partial_sum_dtype(hidden.dtype))
 
 
 class NemotronHMoE(nn.Module):
@@ -178,7 +180,7 @@ class NemotronHMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, positions=None, fb=None) -> torch.Tensor:
         topk_weights, topk_ids = self.gate(hidden)
         routed = hidden if self.fc1_latent_proj is None else self.fc1_latent_proj(hidden)
-        routed = all_reduce(self.experts(routed, topk_weights, topk_ids))  # [T, Hin]
+        routed = all_reduce(self.experts(routed, topk_weights, topk_ids)).to(hidden.dtype)  # [T, Hin]
         if self.fc2_latent_proj is not None:
             routed = self.fc2_latent_proj(routed)
         return routed + self.shared_experts(hidden)

@@ -28,12 +28,15 @@ def moe_topk_softmax_ref(router_logits: torch.Tensor, top_k: int, renormalize: b
 
 
 def fused_moe_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+                  topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None
+                  ) -> torch.Tensor:
     """x: [T, H]; gate_up_proj: [E, 2I, H] ("silu") or up_proj [E, I, H] ("relu2"); down_proj:
-    [E, H, I]; topk_weights, topk_ids: [T, K]. Returns [T, H] in x's dtype."""
+    [E, H, I]; topk_weights, topk_ids: [T, K]. Returns [T, H] in out_dtype (default x's dtype).
+    As the kernel: the expert outputs and their weighted sum stay fp32, rounded once at the end
+    (so a rank's fp32 partial sum under tensor parallelism carries no per-expert rounding)."""
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
-    out = torch.zeros(x.shape, dtype=torch.promote_types(x.dtype, topk_weights.dtype), device=x.device)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert_id in torch.unique(topk_ids).tolist():
         token_idx, k_idx = torch.where(topk_ids == expert_id)  # [n], [n]
         h = F.linear(x[token_idx], gate_up_proj[expert_id])  # [n, 2I] or [n, I]
@@ -42,6 +45,6 @@ def fused_moe_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
             h = F.silu(gate) * up
         else:
             h = F.relu(h).square()
-        y = F.linear(h, down_proj[expert_id])  # [n, H]
-        out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None])
-    return out.to(x.dtype)
+        y = F.linear(h.float(), down_proj[expert_id].float())  # [n, H] fp32
+        out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].float())
+    return out.to(out_dtype or x.dtype)

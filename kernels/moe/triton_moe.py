@@ -135,14 +135,15 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+              topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
 
     x: [T, H] (row stride free, last dim contiguous); gate_up_proj: [E, 2I, H] rows [gate | up]
     for activation "silu" (gated SiLU), or the up projection [E, I, H] for "relu2"
     (`relu(x @ up^T)^2`, not gated); down_proj: [E, H, I]; topk_weights: [T, K] float;
     topk_ids: [T, K] int32/int64 in [0, E).
-    Returns [T, H] in x's dtype (the rank-local partial sum under tensor parallelism).
+    Returns [T, H] in out_dtype (default x's dtype; the sum over experts is fp32 either way),
+    the rank-local partial sum under tensor parallelism.
     """
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
@@ -162,8 +163,9 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, top_k),
                  device=x.device, last_contiguous=False)
     check_index_range("topk_ids", topk_ids, 0, num_experts)
+    out_dtype = out_dtype or x.dtype
     if num_tokens == 0:
-        return torch.zeros_like(x)
+        return torch.zeros(x.shape, dtype=out_dtype, device=x.device)
     num_assign = num_tokens * top_k
     block_m = 16 if num_assign <= 4 * num_experts * 16 else 64
     sorted_rows, tile_expert = _align(topk_ids.long(), num_experts, block_m)
@@ -181,4 +183,4 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
             A_ROW_DIV=div, GATED=first and gated, RELU2=first and not gated, SCALE_ROWS=not first,
             BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_K=block_k, DOT_PREC=prec, num_warps=4)
-    return y.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+    return y.view(num_tokens, top_k, hidden).sum(dim=1).to(out_dtype)

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .parallel import all_reduce, divide, tp_rank, tp_size
+from .parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 
 def copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str = "") -> None:
@@ -62,6 +62,24 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+_MIXED_DTYPE_MM = {"cuda": True}  # torch.mm(..., out_dtype=) usable here (checked on first use)
+
+
+def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T with fp32 output from bf16/fp16 operands (fp32 accumulation, no rounding of the
+    result): cuBLAS's mixed-dtype GEMM on CUDA, an upcast elsewhere (or where this torch lacks
+    it). x: [..., K]; weight: [N, K]."""
+    if x.is_cuda and _MIXED_DTYPE_MM["cuda"]:
+        flat = x.reshape(-1, x.shape[-1])
+        try:
+            return torch.mm(flat, weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], weight.shape[0])
+        except (TypeError, RuntimeError, NotImplementedError):
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            _MIXED_DTYPE_MM["cuda"] = False
+    return F.linear(x.float(), weight.float())
+
+
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_r W_r^T) (+b), input features split across ranks. Weight: [out, in/tp]."""
 
@@ -73,7 +91,10 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))
+        if partial_sum_dtype(x.dtype) != x.dtype:  # fp32 partial sums, rounded once after the reduce
+            y = all_reduce(linear_fp32_out(x, self.weight)).to(x.dtype)
+        else:
+            y = all_reduce(F.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .linear import ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
-from .parallel import all_reduce, divide, tp_rank, tp_size
+from .parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +71,10 @@ class FusedExperts(nn.Module):
         return "gate_up_proj"
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum."""
-        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids)
+        """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum, in
+        `partial_sum_dtype` (fp32 under tensor parallelism in bf16)."""
+        return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids,
+                             out_dtype=partial_sum_dtype(x.dtype))
 
 
 class SparseMoeBlock(nn.Module):
@@ -111,7 +113,7 @@ class SparseMoeBlock(nn.Module):
         router_logits = F.linear(x.float(), self.gate.weight.float())  # [T, E]
         topk_weights, topk_ids = softmax_topk(router_logits, self.top_k, self.norm_topk_prob)  # [T, K]
         topk_weights = topk_weights.to(x.dtype)
-        out = all_reduce(self.experts(x, topk_ids, topk_weights))  # [T, H]
+        out = all_reduce(self.experts(x, topk_ids, topk_weights)).to(x.dtype)  # [T, H]
         if self.shared_expert is not None:
             shared = self.shared_expert(x)  # [T, H]
             if self.shared_expert_gate is not None:

@@ -169,8 +169,9 @@ def moe_topk_softmax(router_logits: torch.Tensor, top_k: int,
 
 
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+              topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x: [T, H]; w1: [E, 2I, H] (silu, rows [gate | up]) or [E, I, H] (relu2); w2: [E, H, I];
-    topk_weights, topk_ids: [T, K]. Returns this rank's partial sum [T, H] in x's dtype."""
+    topk_weights, topk_ids: [T, K]. Returns this rank's partial sum [T, H] in out_dtype
+    (default x's dtype)."""
     fn = _moe.fused_moe if use_triton(x) else _moe.fused_moe_ref
-    return fn(x, w1, w2, topk_weights, topk_ids, activation)
+    return fn(x, w1, w2, topk_weights, topk_ids, activation, out_dtype=out_dtype)

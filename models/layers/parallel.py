@@ -39,6 +39,14 @@ def divide(numerator: int, denominator: int, what: str) -> int:
     return numerator // denominator
 
 
+def partial_sum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a rank's partial sum travels in through the all-reduce: fp32 for bf16/fp16
+    models under tensor parallelism, so the sum is rounded once, as tp=1's single GEMM
+    rounds its fp32 accumulator once (tp=N then differs from tp=1 only by fp32 summation
+    order); the model dtype otherwise."""
+    return torch.float32 if _TP.size > 1 and dtype in (torch.bfloat16, torch.float16) else dtype
+
+
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     if _TP.size > 1:
         dist.all_reduce(x, group=_TP.group)
