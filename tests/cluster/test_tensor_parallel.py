@@ -115,3 +115,27 @@ def test_tp4_with_two_kv_heads_replicates_them(reference_models, two_node_cluste
     finally:
         llm.shutdown()
     assert [o.outputs[0].token_ids for o in got] == want
+
+
+def test_tp2_overlapped_scheduling_matches_synchronous(reference_models, two_node_cluster):
+    """Overlapped scheduling at tp=2 (rank 0 broadcasts its sampled tokens to rank 1 on the
+    stream): the same outputs as synchronous steps, with content stops, seeded sampling,
+    logprobs and preemption under a small KV pool."""
+    model_dir, _ = reference_models("qwen3_5")
+    prompts = _prompts(8, seed=3)
+    params = [SamplingParams(max_tokens=10, temperature=0.0, stop_token_ids=list(range(0, 256, 3))),
+              SamplingParams(max_tokens=8, temperature=0.9, seed=4, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)] * 2
+    results = {}
+    for overlap in (False, True):
+        llm = LLM(model=model_dir, dtype="float32", tp_size=2, max_num_seqs=8, page_size=8, max_model_len=128,
+                  num_kv_pages_override=24, chunked_prefill_size=16, async_scheduling=overlap)
+        try:
+            outs = llm.generate(prompts, params)
+        finally:
+            llm.shutdown()
+        results[overlap] = [(o.error, o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs]
+    assert [e for e, *_ in results[True]] == [None] * len(prompts)
+    assert results[True] == results[False]
+    assert any(finish == "stop" for *_, finish in results[True])
