@@ -30,7 +30,7 @@ class ReplicaSet:
         self.config, self.tp_size, self.use_gpu = config, tp_size, use_gpu
         self.groups = [create_replica_group(tp_size, use_gpu) for _ in range(num_replicas)]
         self.replicas = [self._start(i) for i in range(num_replicas)]
-        self.restarts = [0] * num_replicas  # rank-0 actors replaced here (they rebuild their shards themselves)
+        self.restarts = [0] * num_replicas  # rank-0 actors replaced here (after a failed step, or lost)
         self.limits = ray.get(self.replicas[0].limits.remote())
 
     def _start(self, index: int):
@@ -40,9 +40,8 @@ class ReplicaSet:
             self.config, self.tp_size, index, pg)
 
     def num_restarts(self, index: int) -> int:
-        """Times replica `index` was rebuilt: replaced here (after a failed step, or when its rank-0
-        actor died), or by that actor itself."""
-        return self.restarts[index] + ray.get(self.replicas[index].num_restarts.remote())
+        """Times replica `index` was replaced (after a failed step, or when its rank-0 actor died)."""
+        return self.restarts[index]
 
     def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
         """Spread requests over replicas (least assigned tokens first) and gather results.

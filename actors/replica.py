@@ -77,7 +77,9 @@ class ReplicaEngine:
 class ReplicaActor:
     """One replica as an actor (rank 0 in bundle 0 of its placement group), for the offline
     API's data parallelism. A failed step ends the in-flight requests with an error that
-    names the cause, and the replica rebuilds itself."""
+    names the cause and marks the replica broken; the driver (actors/offline.py) then
+    replaces the whole actor, its ShardWorkers with it, before the next batch: a process
+    whose collective failed may keep broken communicator state."""
 
     def __init__(self, config: EngineConfig, tp_size: int, replica_index: int, placement_group=None) -> None:
         if config.device == "cpu":
@@ -85,8 +87,7 @@ class ReplicaActor:
         self.config, self.tp_size, self.index, self.pg = config, tp_size, replica_index, placement_group
         self.tokenizer = load_tokenizer(config.tokenizer or config.model)
         self.replica = ReplicaEngine(config, self.tokenizer, tp_size, placement_group)
-        self.restarts = 0
-        self.broken = False  # a step failed: rebuild before the next batch
+        self.broken = False  # a step failed: this actor is to be replaced
 
     def limits(self) -> dict:
         """What the driver needs to validate prompts before queueing them."""
@@ -103,7 +104,9 @@ class ReplicaActor:
     def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
         """items: (request_id, prompt_token_ids, SamplingParams). Returns request_id -> result
         ({"outputs": [CompletionOutput...], "num_cached_tokens": int} or {"error": str})."""
-        self.rebuild_if_broken()
+        if self.broken:
+            cause = f"replica {self.index} failed earlier and awaits replacement"
+            return {request_id: {"error": cause} for request_id, _, _ in items}
         finished: dict = {}
         try:
             return run_batch(self.replica.engine, items, finished)
@@ -122,23 +125,8 @@ class ReplicaActor:
             return results
 
     def is_broken(self) -> bool:
-        """A step failed since the last (re)build."""
+        """A step failed: the driver replaces this actor before the next batch."""
         return self.broken
-
-    def rebuild_if_broken(self) -> bool:
-        """Rebuild after a failed step; the driver calls this before it hands out the next
-        batch, so a replica's restart never overlaps the others' work."""
-        if self.broken:
-            self._rebuild()
-            return True
-        return False
-
-    def _rebuild(self) -> None:
-        self.replica.shutdown()
-        time.sleep(0.5)
-        self.replica = ReplicaEngine(self.config, self.tokenizer, self.tp_size, self.pg)
-        self.broken = False
-        self.restarts += 1
 
     def benchmark_decode(self, batch: int, prompt_len: int, steps: int) -> list[dict]:
         """Per decode step, steps run back to back: wall time between step returns, rank 0's GPU
@@ -171,9 +159,6 @@ class ReplicaActor:
         for seq_id in ids:
             engine.abort(seq_id)
         return rows
-
-    def num_restarts(self) -> int:
-        return self.restarts
 
     def shutdown(self) -> None:
         self.replica.shutdown()
