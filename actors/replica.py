@@ -18,7 +18,7 @@ from ..cluster.placement import in_bundle
 from ..cluster.process_group import create_tp_store, init_tp_group, leave_tp_group
 from ..cluster.shm_channel import ShmChannel
 from ..engine.config import EngineConfig
-from ..engine.engine import LLMEngine, batch_result, run_batch, sequence_ids
+from ..engine.engine import LLMEngine, batch_result, run_batch, sequence_ids, start_decode_batch
 from ..engine.llm import load_tokenizer
 from .shard_worker import STOP, ShardWorkerActor
 
@@ -131,17 +131,8 @@ class ReplicaActor:
     def benchmark_decode(self, batch: int, prompt_len: int, steps: int) -> list[dict]:
         """Per decode step, steps run back to back: wall time between step returns, rank 0's GPU
         time of the step's execute (CUDA events), plan broadcast time (benchmarks/tp_overhead.py)."""
-        from ..engine.sampling_params import SamplingParams
-
         engine = self.replica.engine
-        gen = torch.Generator().manual_seed(0)
-        params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
-        ids = [engine.add_request(f"bench{i}", torch.randint(10, 1000, (prompt_len,), generator=gen).tolist(),
-                                  params)[0] for i in range(batch)]
-        while engine.scheduler.waiting or any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running):
-            engine.step()
-        for _ in range(3):
-            engine.step()
+        ids = start_decode_batch(engine, batch, prompt_len, steps + 8, token_high=1000, seed=0)
         engine.step_timings, walls = [], []
         torch.cuda.synchronize()
         t = time.perf_counter()

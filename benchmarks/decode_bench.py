@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from model_configs import write_model_dir  # noqa: E402
 
-from hybrid_serve import LLM, SamplingParams  # noqa: E402
+from hybrid_serve import LLM  # noqa: E402
+from hybrid_serve.engine.engine import start_decode_batch  # noqa: E402
 
 
 def copy_bandwidth() -> float:
@@ -88,14 +89,7 @@ def breakdown(engine, batch: int) -> None:
 
 def decode_step_times(llm: LLM, batch: int, prompt_len: int, steps: int, profile: bool = False) -> list[float]:
     engine = llm.engine
-    gen = torch.Generator().manual_seed(batch)
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(f"b{batch}-{i}", torch.randint(10, 150000, (prompt_len,), generator=gen).tolist(),
-                              params)[0] for i in range(batch)]
-    while any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()  # prefill (chunked) until every request decodes
-    for _ in range(3):
-        engine.step()  # warm-up (graph capture for this batch size)
+    ids = start_decode_batch(engine, batch, prompt_len, steps + 8, token_high=150000, seed=batch, prefix=f"b{batch}-")
     # back to back, as served: with overlapped scheduling a step returns once the previous
     # step's tokens are read, so the time between returns is the time per generated token
     times = []

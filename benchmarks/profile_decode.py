@@ -22,19 +22,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from model_configs import write_model_dir  # noqa: E402
 
-from hybrid_serve import LLM, SamplingParams  # noqa: E402
-
-
-def start_decoding(engine, batch: int, prompt_len: int, max_tokens: int) -> list[str]:
-    gen = torch.Generator().manual_seed(batch)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(f"p{batch}-{i}", torch.randint(10, 150000, (prompt_len,), generator=gen).tolist(),
-                              params)[0] for i in range(batch)]
-    while engine.scheduler.waiting or any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running):
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    return ids
+from hybrid_serve import LLM  # noqa: E402
+from hybrid_serve.engine.engine import start_decode_batch  # noqa: E402
 
 
 def kernel_table(engine, steps: int = 5) -> None:
@@ -96,7 +85,7 @@ def main() -> None:
                   max_num_batched_tokens=8192, chunked_prefill_size=2048, enable_prefix_cache=False,
                   max_model_len=2048, enable_cuda_graphs=bool(args.graphs))
         engine = llm.engine
-        start_decoding(engine, args.batch, args.prompt, 400)
+        start_decode_batch(engine, args.batch, args.prompt, 400, token_high=150000, seed=args.batch)
         print(f"=== batch {args.batch}, graphs {args.graphs}", flush=True)
         wall_vs_gpu(engine)
         kernel_table(engine)

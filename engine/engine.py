@@ -284,6 +284,22 @@ def run_batch(engine: LLMEngine, items: list[tuple[str, list[int], SamplingParam
     return {rid: batch_result([finished[s] for s in ss]) for rid, ss in seqs.items()}
 
 
+def start_decode_batch(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: int, token_high: int,
+                       seed: int, prefix: str = "bench") -> list[str]:
+    """Benchmarks: queue `batch` greedy requests of random prompts (token ids in [10,
+    token_high)), run their prefill and 3 warm-up decode steps (graph capture), so that every
+    following step is a pure decode step of the whole batch. Returns the sequence ids."""
+    gen = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ids = [engine.add_request(f"{prefix}{i}", torch.randint(10, token_high, (prompt_len,), generator=gen).tolist(),
+                              params)[0] for i in range(batch)]
+    while engine.scheduler.waiting or any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    return ids
+
+
 def batch_result(reqs: list[Request]) -> dict:
     return {"outputs": [completion_of(r, i) for i, r in enumerate(reqs)],
             "num_cached_tokens": reqs[0].num_cached_tokens or 0}

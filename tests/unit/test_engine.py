@@ -126,3 +126,15 @@ def test_not_a_model_directory(tmp_path):
 def test_cache_too_small_fails_at_start(model_dir):
     with pytest.raises(ValueError, match="max_model_len=1000"):
         LLM(model=model_dir, dtype="float32", max_model_len=1000, cache_memory_bytes=200_000)
+
+
+def test_start_decode_batch_leaves_a_pure_decode_batch(model_dir):
+    """The benchmarks' setup: after it, every request has its prompt computed and decodes."""
+    from hybrid_serve.engine.engine import start_decode_batch
+
+    engine = LLM(model=model_dir, dtype="float32", max_num_seqs=4, chunked_prefill_size=8).engine
+    ids = start_decode_batch(engine, 3, 20, 10, token_high=200, seed=1)
+    assert len(ids) == 3 and not engine.scheduler.waiting
+    running = engine.scheduler.running
+    assert len(running) == 3 and all(r.num_computed_tokens >= r.prompt_len for r in running)
+    assert [c.num_tokens for c in engine.scheduler.schedule()] == [1, 1, 1]  # one decode token each
