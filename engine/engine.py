@@ -211,8 +211,8 @@ class LLMEngine:
 
     def _execute_timed(self, plan: StepPlan):
         """_execute, recording the broadcast's host time, the execute call's host time and CUDA
-        events around it (benchmarks only: nothing waits here; read the GPU time with
-        `gpu_ms(entry)` once the device has caught up, e.g. after a synchronize)."""
+        events around it (benchmarks only: nothing waits here; once the device has caught up,
+        e.g. after a synchronize, the GPU time is `start.elapsed_time(end)` of entry["events"])."""
         t0 = time.perf_counter()
         if self.channel is not None:
             self.channel.send(plan)
