@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from . import ops
 from .parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 
@@ -59,25 +59,7 @@ class ColumnParallelLinear(nn.Module):
             attach_segmented_loader(self.bias, sizes, dim=0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-_MIXED_DTYPE_MM = {"cuda": True}  # torch.mm(..., out_dtype=) usable here (checked on first use)
-
-
-def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x W^T with fp32 output from bf16/fp16 operands (fp32 accumulation, no rounding of the
-    result): cuBLAS's mixed-dtype GEMM on CUDA, an upcast elsewhere (or where this torch lacks
-    it). x: [..., K]; weight: [N, K]."""
-    if x.is_cuda and _MIXED_DTYPE_MM["cuda"]:
-        flat = x.reshape(-1, x.shape[-1])
-        try:
-            return torch.mm(flat, weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], weight.shape[0])
-        except (TypeError, RuntimeError, NotImplementedError):
-            if torch.cuda.is_current_stream_capturing():
-                raise
-            _MIXED_DTYPE_MM["cuda"] = False
-    return F.linear(x.float(), weight.float())
+        return ops.linear(x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -92,9 +74,9 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if partial_sum_dtype(x.dtype) != x.dtype:  # fp32 partial sums, rounded once after the reduce
-            y = all_reduce(linear_fp32_out(x, self.weight)).to(x.dtype)
+            y = all_reduce(ops.linear(x, self.weight, out_dtype=torch.float32)).to(x.dtype)
         else:
-            y = all_reduce(F.linear(x, self.weight))
+            y = all_reduce(ops.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
 
@@ -107,7 +89,7 @@ class ReplicatedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 def kv_heads_per_rank(total_kv_heads: int) -> int:
@@ -147,7 +129,7 @@ class KVParallelLinear(nn.Module):
             self.bias.weight_loader = loader
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)
 
 
 class LinearGroup:
@@ -182,10 +164,10 @@ class LinearGroup:
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.weight is None:
             return [p(x) for p in self.parts]
-        return list(F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))  # column slices
+        return list(ops.linear(x, self.weight, self.bias).split(self.sizes, dim=-1))  # column slices
 
     def concatenated(self, x: torch.Tensor) -> torch.Tensor:
         """The parts' outputs side by side, [..., sum(out)]: one GEMM once fused."""
         if self.weight is None:
             return torch.cat([p(x) for p in self.parts], dim=-1)
-        return F.linear(x, self.weight, self.bias)
+        return ops.linear(x, self.weight, self.bias)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ...kernels import HAS_TRITON
 from ...kernels import attention as _attn
 from ...kernels import causal_conv1d as _conv
+from ...kernels import linear as _linear
 from ...kernels import gated_delta as _gdn
 from ...kernels import activation as _act
 from ...kernels import mamba_ssm as _ssm
@@ -29,6 +30,12 @@ from ...kernels import norm as _norm
 from ...kernels import rotary as _rotary
 
 KERNELS_ENV = "HYBRID_SERVE_KERNELS"  # auto (default) | triton | ref
+SKINNY_ROWS_ENV = "HYBRID_SERVE_SKINNY_ROWS"  # most rows sent to the skinny linear kernel (0 = off)
+# Rows of x sent to kernels/linear by default: batch-1 decode. On an H100 (benchmarks/
+# linear_sweep.py, weights cold) it streams the 2.3B model's decode weights in 1572 us against
+# cuBLAS's 1754 us at one row, but loses from two rows on (1788 vs 1749 us), where cuBLAS's
+# tensor-core tiles read each weight once for all rows.
+SKINNY_DEFAULT_ROWS = 1
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -40,6 +47,61 @@ def use_triton(t: torch.Tensor) -> bool:
     if choice == "ref":
         return False
     return HAS_TRITON and t.is_cuda
+
+
+# ----- linears -----------------------------------------------------------------------------
+def skinny_rows_limit() -> int:
+    """Most rows of x that go to the weight-streaming kernel: SKINNY_DEFAULT_ROWS, or
+    HYBRID_SERVE_SKINNY_ROWS (0 sends every linear to cuBLAS, for A/B runs; at most
+    kernels.linear's SKINNY_MAX_ROWS)."""
+    value = os.environ.get(SKINNY_ROWS_ENV)
+    if value is None:
+        return SKINNY_DEFAULT_ROWS
+    try:
+        rows = int(value)
+    except ValueError:
+        raise ValueError(f"{SKINNY_ROWS_ENV} must be an integer, got {value!r}") from None
+    return max(0, min(rows, _linear.SKINNY_MAX_ROWS))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x W^T (+ b). x: [..., K]; weight: [N, K]. out_dtype: None (x's dtype) or torch.float32
+    (fp32 accumulation left unrounded, for a tensor-parallel reduce). A decode batch of a few
+    rows in bf16/fp16 streams the weight through kernels/linear on the kernel path; everything
+    else goes to torch (cuBLAS on CUDA)."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (0 < rows <= skinny_rows_limit() and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and use_triton(x)):
+        flat = x.reshape(rows, x.shape[-1])
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        y = _linear.skinny_linear(flat, weight, bias, out_dtype)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+    if out_dtype is None or out_dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    if out_dtype != torch.float32:
+        raise ValueError(f"out_dtype must be None, x's dtype or torch.float32, got {out_dtype}")
+    y = _linear_fp32_out(x, weight)
+    return y if bias is None else y + bias.float()
+
+
+_MIXED_DTYPE_MM = {"cuda": True}  # torch.mm(..., out_dtype=) usable here (checked on first use)
+
+
+def _linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x W^T with fp32 output from bf16/fp16 operands (fp32 accumulation, no rounding of the
+    result): cuBLAS's mixed-dtype GEMM on CUDA, an upcast elsewhere (or where this torch lacks
+    it). x: [..., K]; weight: [N, K]."""
+    if x.is_cuda and _MIXED_DTYPE_MM["cuda"]:
+        flat = x.reshape(-1, x.shape[-1])
+        try:
+            return torch.mm(flat, weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], weight.shape[0])
+        except (TypeError, RuntimeError, NotImplementedError):
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            _MIXED_DTYPE_MM["cuda"] = False
+    return F.linear(x.float(), weight.float())
 
 
 # ----- activations ------------------------------------------------------------------------------

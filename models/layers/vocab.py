@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import ops
 from .linear import copy_checked
 from .parallel import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
@@ -57,5 +58,5 @@ class ParallelLMHead(nn.Module):
         self.weight.weight_loader = _vocab_loader(vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last_dim(F.linear(hidden, self.weight))
+        logits = all_gather_last_dim(ops.linear(hidden, self.weight))
         return logits[..., : self.vocab_size].float()

@@ -1,0 +1,103 @@
+"""y = x W^T for a few rows of x (decode at batch 1): a weight-streaming kernel.
+
+At small batch a linear layer only has to read its weight once, so its speed is the rate at
+which the weight streams from HBM. cuBLAS picks split-K tilings for the K-heavy decode
+projections (out_proj, down_proj: N=2048, K=4096-6144) and adds a reduction kernel, and
+reaches 1.8-2.1 TB/s there on an H200 at one row; here each program owns BLOCK_N (4) output
+features over the whole of K, so there is one launch, no partial sums in memory and many
+programs streaming at once (2.6-3.0 TB/s on the same card, `benchmarks/linear_sweep.py`).
+From two rows on cuBLAS's tensor-core tiles win (each weight tile is read once for all rows,
+where this kernel's [BLOCK_M, BLOCK_N, BLOCK_K] accumulator runs out of registers).
+
+Each program keeps an fp32 [BLOCK_M, BLOCK_N, BLOCK_K] accumulator of x * w, adds one K tile
+per iteration without any cross-lane work, and sums over K once at the end; the result is
+rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP reduce).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from .._common import check_launch_device, check_tensor, next_pow2
+
+SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                          HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BN, BK]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            xv = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = (k0 + offs_k) < K
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            xv = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    y = tl.sum(acc, axis=2)  # [BM, BN]
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def skinny_config(m: int, k: int) -> dict:
+    """Tile and warps for M rows and K inputs (H200 sweep, `benchmarks/linear_sweep.py`): 4
+    output features per program, the widest K tile that keeps the fp32 accumulator at <= 64
+    registers a thread, 8 warps for the K-heavy projections."""
+    block_m = next_pow2(max(m, 1))
+    num_warps = 8 if k >= 4096 or block_m >= 4 else 4
+    block_k = min(1024, next_pow2(k), max(16, 64 * 32 * num_warps // (block_m * 4)))
+    return dict(block_n=4, block_k=block_k, num_warps=num_warps)
+
+
+def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  out_dtype: torch.dtype | None = None, *, block_n: int | None = None,
+                  block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
+    last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default x's dtype;
+    torch.float32 gives the unrounded sums for a tensor-parallel reduce). block_n / block_k /
+    num_warps override `skinny_config` (benchmarks)."""
+    check_launch_device("skinny_linear", x)
+    check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
+    m, k = x.shape
+    if m > SKINNY_MAX_ROWS:
+        raise ValueError(f"skinny_linear takes at most {SKINNY_MAX_ROWS} rows, got {m}")
+    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
+    n = weight.shape[0]
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, shape=(n,), device=x.device)
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"out_dtype must be x's dtype or torch.float32, got {out_dtype}")
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))
+    cfg = skinny_config(m, k)
+    bn, bk, warps = block_n or cfg["block_n"], block_k or cfg["block_k"], num_warps or cfg["num_warps"]
+    _skinny_linear_kernel[(triton.cdiv(n, bn),)](
+        x, weight, bias if bias is not None else weight, y, m, n, k,
+        x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
+        BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    return y

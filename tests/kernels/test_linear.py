@@ -1,0 +1,90 @@
+"""Skinny (decode-batch) linear vs kernels/linear/ref.py, and the ops.linear dispatch."""
+import pytest
+import torch
+from kernel_utils import DEVICE, gpu, rel_err, require_triton
+
+require_triton()
+from hybrid_serve.kernels.linear import SKINNY_MAX_ROWS, skinny_linear, skinny_linear_ref  # noqa: E402
+
+
+def _rand(*shape, dtype=torch.bfloat16, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEVICE)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (3, 70, 200), (8, 36, 1030), (2, 5, 16)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_skinny_linear_matches_ref(m, n, k, bias):
+    x, w = _rand(m, k, seed=1), _rand(n, k, seed=2)
+    b = _rand(n, seed=3) if bias else None
+    want = skinny_linear_ref(x.cpu(), w.cpu(), None if b is None else b.cpu(), torch.float32)
+    got32 = skinny_linear(x, w, b, torch.float32)
+    assert got32.dtype == torch.float32 and got32.shape == (m, n)
+    assert rel_err(got32.cpu(), want) < 1e-5  # fp32 accumulation, unrounded
+    got = skinny_linear(x, w, b)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), want.to(torch.bfloat16)) or rel_err(got.float().cpu(), want) < 4e-3
+
+
+def test_skinny_linear_tiles_override_and_strided_rows():
+    x = _rand(4, 2 * 96, seed=4)[:, ::2]  # non-contiguous last dim: refused
+    w = _rand(48, 96, seed=5)
+    with pytest.raises(ValueError, match="contiguous"):
+        skinny_linear(x, w)
+    x = _rand(4, 96 + 8, seed=4)[:, 8:]  # strided rows are fine
+    got = skinny_linear(x, w, block_n=8, block_k=32, num_warps=2)
+    assert rel_err(got.float().cpu(), skinny_linear_ref(x.cpu(), w.cpu(), out_dtype=torch.float32)) < 4e-3
+
+
+def test_skinny_linear_rejects_bad_input():
+    x, w = _rand(2, 32), _rand(8, 32)
+    with pytest.raises(ValueError, match="at most"):
+        skinny_linear(_rand(SKINNY_MAX_ROWS + 1, 32), w)
+    with pytest.raises(ValueError, match="shape"):
+        skinny_linear(x, _rand(8, 31))
+    with pytest.raises(ValueError, match="dtype"):
+        skinny_linear(x, w.float())
+    with pytest.raises(ValueError, match="out_dtype"):
+        skinny_linear(x, w, out_dtype=torch.float16)
+    assert skinny_linear(x[:0], w).shape == (0, 8)
+
+
+def test_ops_linear_dispatch(monkeypatch):
+    """ops.linear sends a few bf16 rows to the kernel and everything else to torch, with the
+    same result; HYBRID_SERVE_SKINNY_ROWS=0 turns the kernel off."""
+    from hybrid_serve.models.layers import ops
+    from hybrid_serve.kernels import linear as klinear
+
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
+    assert ops.skinny_rows_limit() == ops.SKINNY_DEFAULT_ROWS == 1
+    monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "4")
+    calls = []
+    real = klinear.skinny_linear
+    monkeypatch.setattr(klinear, "skinny_linear", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+    w, b = _rand(24, 40, seed=6), _rand(24, seed=7)
+    x = _rand(1, 3, 40, seed=8)  # [..., K] with 3 rows
+    want = skinny_linear_ref(x.reshape(3, 40).cpu(), w.cpu(), b.cpu(), torch.float32).reshape(1, 3, 24)
+    got = ops.linear(x, w, b)
+    assert calls == [(3, 40)] and got.shape == (1, 3, 24)
+    assert rel_err(got.float().cpu(), want) < 4e-3
+    assert rel_err(ops.linear(x, w, b, out_dtype=torch.float32).cpu(), want) < 1e-5
+    big = _rand(5, 40, seed=9)
+    ops.linear(big, w)  # too many rows: torch
+    ops.linear(x.float(), w.float())  # fp32: torch
+    assert len(calls) == 2
+    monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "0")
+    ops.linear(x, w)
+    assert len(calls) == 2
+    monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "many")
+    with pytest.raises(ValueError, match="HYBRID_SERVE_SKINNY_ROWS"):
+        ops.linear(x, w)
+
+
+@gpu
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+@pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 6144), (2048, 4096)])
+def test_skinny_linear_serving_shapes(m, n, k):
+    """The 2.3B layout's decode projections (GDN in_proj, down_proj, out_proj) in bf16."""
+    x, w = _rand(m, k, seed=10), _rand(n, k, seed=11) * 0.02
+    want = skinny_linear_ref(x, w, out_dtype=torch.float32)
+    assert rel_err(skinny_linear(x, w, out_dtype=torch.float32), want) < 1e-5
+    assert rel_err(skinny_linear(x, w).float(), want) < 4e-3
