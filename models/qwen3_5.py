@@ -14,6 +14,7 @@ from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, RMSNorm, RotaryEmbedding, RowParallelLinear,
     VocabParallelEmbedding, rope_parameters,
 )
+from .layers import ops
 from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
 from .layers.linear import KVParallelLinear, LinearGroup, kv_heads_per_rank
@@ -56,9 +57,8 @@ class GatedAttention(nn.Module):
         k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
-        out = self.attn(q, k, v, fb).reshape(num_tokens, -1)
-        out = out * torch.sigmoid(gate.reshape(num_tokens, -1))
-        return self.o_proj(out)
+        out = self.attn(q, k, v, fb)  # [T, Hq, D]
+        return self.o_proj(ops.sigmoid_gate_mul(out, gate))
 
 
 class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):

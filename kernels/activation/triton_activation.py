@@ -1,5 +1,9 @@
-"""silu(gate) * up in one pass over the gate_up projection's output (one launch instead of
-two, and no [T, F] intermediate): the SwiGLU MLPs' activation."""
+"""Gated activations in one pass each:
+
+    silu_and_mul       silu(gate) * up over the gate_up projection's output (SwiGLU MLPs)
+    sigmoid_gate_mul   x * sigmoid(gate) with the gate read in place from its strided slice of
+                       the q projection (Qwen3.5 / Qwen3-Next attention output gate): one launch
+                       where torch takes three (copy of the slice, sigmoid, multiply)."""
 from __future__ import annotations
 
 import torch
@@ -35,4 +39,30 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if t:
         block = min(2048, next_pow2(f))
         _silu_and_mul_kernel[(t, triton.cdiv(f, block))](gate_up, y, f, gate_up.stride(0), y.stride(0), BLOCK=block)
+    return y
+
+
+@triton.jit
+def _sigmoid_gate_mul_kernel(x_ptr, g_ptr, y_ptr, H, D, stride_xt, stride_xh, stride_gt, stride_gh,
+                             BLOCK_D: tl.constexpr):
+    t, h = tl.program_id(0), tl.program_id(1)
+    offs = tl.arange(0, BLOCK_D)
+    ok = offs < D
+    x = tl.load(x_ptr + t.to(tl.int64) * stride_xt + h * stride_xh + offs, mask=ok, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + t.to(tl.int64) * stride_gt + h * stride_gh + offs, mask=ok, other=0.0)
+    s = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(g.dtype).to(tl.float32)  # torch rounds sigmoid(g) to g's dtype
+    tl.store(y_ptr + (t.to(tl.int64) * H + h) * D + offs, (x * s).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x, gate: [T, H, D] with a contiguous last dim (other strides free: gate may be a slice of
+    a wider projection). Returns x * sigmoid(gate) as a new contiguous [T, H * D] in x's dtype."""
+    check_launch_device("sigmoid_gate_mul", x)
+    check_tensor("x", x, ndim=3, dtypes=FLOAT_DTYPES)
+    check_tensor("gate", gate, ndim=3, dtypes=FLOAT_DTYPES, shape=tuple(x.shape), device=x.device)
+    t, h, d = x.shape
+    y = torch.empty((t, h * d), dtype=x.dtype, device=x.device)
+    if t and h and d:
+        _sigmoid_gate_mul_kernel[(t, h)](x, gate, y, h, d, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
+                                         BLOCK_D=next_pow2(d))
     return y

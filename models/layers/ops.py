@@ -113,6 +113,15 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """x, gate: [T, H, D] (gate may be a strided slice) -> x * sigmoid(gate) as [T, H * D]; one
+    launch on the kernel path."""
+    if use_triton(x):
+        return _act.sigmoid_gate_mul(x, gate)
+    t, h, d = x.shape
+    return x.reshape(t, h * d) * torch.sigmoid(gate.reshape(t, h * d))
+
+
 # ----- attention --------------------------------------------------------------------------
 def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb) -> None:
     """Write this step's keys/values at fb.kv_slots. k_cache: [S, Hkv, D]; k: [T, Hkv, D]."""

@@ -4,7 +4,9 @@ import torch
 from kernel_utils import DEVICE, gpu, rel_err, require_triton
 
 require_triton()
-from hybrid_serve.kernels.activation import silu_and_mul, silu_and_mul_ref  # noqa: E402
+from hybrid_serve.kernels.activation import (  # noqa: E402
+    sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_and_mul, silu_and_mul_ref,
+)
 
 TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
 
@@ -32,3 +34,25 @@ def test_silu_and_mul_serving_shapes(t):
     """The 2.3B layout's MLP (intermediate 6144) in bf16."""
     x = _rand(t, 2 * 6144, dtype=torch.bfloat16)
     assert rel_err(silu_and_mul(x).float(), silu_and_mul_ref(x).float()) < 8e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("t", [0, 1, 3])
+def test_sigmoid_gate_mul(dtype, t):
+    """The gate is the second half of each head of a [T, H, 2D] projection (strided), as in
+    Qwen3.5's attention; rounding as torch's ops in the same dtype."""
+    q_gate = _rand(t, 3, 2 * 20, dtype=dtype, seed=1)
+    gate = q_gate[..., 20:]
+    x = _rand(t, 3, 20, dtype=dtype, seed=2)
+    got = sigmoid_gate_mul(x, gate)
+    want = sigmoid_gate_mul_ref(x.cpu(), gate.cpu())
+    assert got.shape == (t, 60) and got.dtype == dtype and got.is_contiguous()
+    torch_ops = x.cpu().reshape(t, 60) * torch.sigmoid(gate.cpu().reshape(t, 60))
+    if dtype == torch.bfloat16:
+        assert torch.equal(want, torch_ops)  # the reference rounds as torch's ops do
+    elif t:
+        assert rel_err(want, torch_ops) < 1e-6
+    if t:
+        assert rel_err(got.float().cpu(), want.float()) < TOL[dtype]
+    with pytest.raises(ValueError, match="shape"):
+        sigmoid_gate_mul(x, q_gate)
