@@ -16,6 +16,7 @@ Each JSON record: kernel, batch, shape, time_us, bytes, gbps, pct_of_copy_bw, re
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -24,7 +25,8 @@ from typing import Callable
 
 import torch
 
-from hybrid_serve.kernels.activation import silu_and_mul, silu_and_mul_ref
+from hybrid_serve.kernels.activation import sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_and_mul, silu_and_mul_ref
+from hybrid_serve.kernels.linear import skinny_linear, skinny_linear_ref
 from hybrid_serve.kernels.attention import paged_attention, paged_attention_ref, store_kv
 from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen, causal_conv1d_varlen_ref
 from hybrid_serve.kernels.gated_delta import gated_delta_rule_recurrent, gated_delta_rule_varlen_ref
@@ -205,6 +207,30 @@ class Bench:
                  lambda: add_rms_norm(x, res, w, 1e-6, True), check_add, 4 * x.numel() * 2),
         ]
 
+    def attn_gate(self, batch: int) -> Case:
+        """The attention output gate: out * sigmoid(gate), gate read from the q projection."""
+        q_gate = self.randn(batch, self.hq, 2 * self.head_dim, dtype=BF16)
+        gate, out = q_gate[..., self.head_dim:], self.randn(batch, self.hq, self.head_dim, dtype=BF16)
+        return Case("sigmoid_gate_mul", batch, f"[{batch}, {self.hq}, {self.head_dim}] bf16",
+                    lambda: sigmoid_gate_mul(out, gate),
+                    lambda: rel(sigmoid_gate_mul(out, gate), sigmoid_gate_mul_ref(out, gate)), 3 * out.numel() * 2)
+
+    def linears(self) -> list[Case]:
+        """Batch-1 decode linears (kernels/linear) at the 2.3B layout's K-heavy and wide shapes.
+        Each call reads the next of several weights (>= 400 MB together), so the weight comes
+        from HBM as in a decode step, not from L2."""
+        cases = []
+        for label, n, k in (("down_proj", self.hidden, self.inter), ("gate_up", 2 * self.inter, self.hidden)):
+            count = 2 if self.smoke else max(4, (400 << 20) // (n * k * 2))
+            ws = [self.randn(n, k, dtype=BF16, scale=0.02) for _ in range(count)]
+            x = self.randn(1, k, dtype=BF16)
+            turn = itertools.cycle(range(count))
+            cases.append(Case(f"skinny_linear ({label})", 1, f"{n}x{k} bf16, {count} weights in turn",
+                              lambda ws=ws, x=x, turn=turn: skinny_linear(x, ws[next(turn)]),
+                              lambda ws=ws, x=x: rel(skinny_linear(x, ws[0]), skinny_linear_ref(x, ws[0])),
+                              n * k * 2, tol=1e-2))
+        return cases
+
     def moe(self, tokens: int) -> Case:
         """Qwen3-Next's routed experts: 512 experts of intermediate 512 at hidden 2048, top-10,
         gated SiLU. Bytes = the weights of the experts the batch touches; FLOPs = 2 * T * K * 3 I H."""
@@ -296,6 +322,9 @@ class Bench:
         for b in batches:
             out += [self.conv(b), self.gdn(b), self.mamba(b), self.attention(b, ctx), self.store_kv(b), self.rotary(b)]
             out += self.norms(b) + self.mlp_act(b) + self.state_ops(b) + self.sampling(b) + [self.moe(b)]
+            out.append(self.attn_gate(b))
+            if b == 1:
+                out += self.linears()
             if b >= 16:
                 out += [self.conv(b, 4), self.gdn(b, 4)]
         out.append(self.attention(1, ctx // 2 if not self.smoke else 64, ctx // 2 if not self.smoke else 32))
