@@ -11,15 +11,21 @@ Layout of the segment (little-endian uint64 words, then the payload)::
 
 The writer waits until every reader acked the previous message before overwriting it, and
 publishes `seq` last. Readers poll `seq` (spin briefly, then sleep with back-off).
+
+Both sides wait for one exact value (the reader for seq = last + 1, the writer for each ack =
+seq), never for "changed": a word being stored may be seen half-written, and while 255 -> 256
+is being stored a reader that took any change as news could see 0, take the message, ack 0,
+and then take the same message again (rank 1 then ran one plan twice, desynchronising the
+ranks' collectives). A half-written value of a counter that steps by one is always below the
+new value, so it never equals the awaited one. The words are also stored as single aligned
+8-byte stores (a memoryview cast to native uint64) rather than byte by byte.
 """
 from __future__ import annotations
 
 import pickle
-import struct
+import sys
 import time
 from multiprocessing import shared_memory
-
-_U64 = struct.Struct("<Q")
 
 
 class ShmChannel:
@@ -41,6 +47,9 @@ class ShmChannel:
             except Exception:  # noqa: BLE001 - best effort
                 pass
         self.buf = self.shm.buf
+        if sys.byteorder != "little":
+            raise RuntimeError("the plan channel's header words are little-endian uint64")
+        self.words = self.buf[: self.header].cast("Q")  # aligned native uint64: one store per word
         if create:
             self.buf[: self.header] = bytes(self.header)
         self.capacity = len(self.buf) - self.header
@@ -51,10 +60,10 @@ class ShmChannel:
         return self.shm.name
 
     def _word(self, i: int) -> int:
-        return _U64.unpack_from(self.buf, 8 * i)[0]
+        return self.words[i]
 
     def _set_word(self, i: int, value: int) -> None:
-        _U64.pack_into(self.buf, 8 * i, value)
+        self.words[i] = value
 
     def send(self, message) -> None:
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -74,18 +83,22 @@ class ShmChannel:
 
     def recv(self):
         spins, pause = 0, 0.0
-        while self._word(0) == self._seq:
+        expected = self._seq + 1  # the writer never runs more than one message ahead
+        while self._word(0) != expected:
             spins += 1
             if spins > 2000:  # spin ~tens of microseconds, then back off up to 1 ms
                 pause = min(1e-3, pause * 2 or 1e-5)
                 time.sleep(pause)
-        self._seq = self._word(0)
+        self._seq = expected
         length = self._word(1)
         message = pickle.loads(bytes(self.buf[self.header : self.header + length]))
         self._set_word(2 + self.reader_index, self._seq)
         return message
 
     def close(self, unlink: bool = False) -> None:
+        if self.words is not None:
+            self.words.release()
+            self.words = None
         self.buf = None
         try:
             self.shm.close()

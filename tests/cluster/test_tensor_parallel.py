@@ -79,6 +79,7 @@ def test_killed_shard_fails_only_its_replica_then_recovers(reference_models, two
         # requests are spread evenly: the healthy replica's half all succeeded
         assert len(failed) <= len(prompts) // 2
         again = llm.generate(prompts, params)  # replica 0 is rebuilt and serves again
+        assert [o.error for o in again] == [None] * len(prompts), sorted({o.error for o in again if o.error})
         assert [o.outputs[0].token_ids for o in again] == want
         assert llm.replicas.num_restarts(0) == 1 and llm.replicas.num_restarts(1) == 0
     finally:
