@@ -9,7 +9,8 @@ nothing from the rest of hybrid_serve.
     mamba_ssm       selective_state_update_varlen   Mamba2 state in the pool (+ verify scratch)
     attention       store_kv, paged_attention       mixed decode / prefill batch, GQA, split-KV
     norm            rms_norm, add_rms_norm, gated_rms_norm, grouped_gated_rms_norm
-    activation      silu_and_mul                    SwiGLU activation in one pass
+    activation      silu_and_mul, sigmoid_gate_mul  SwiGLU activation; attention output gate
+    linear          skinny_linear                   batch-1 linears streaming the weight once
     rotary          rotary_neox
     state_ops       commit_verified_state, copy_state_slots
     sampling        sample_tokens, masked_logits    per-row params and seeds, no host sync
