@@ -16,7 +16,8 @@ from .deploy.launcher import add_serve_arguments
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from .engine import LLM, SamplingParams
+    from .engine import SamplingParams
+    from .llm import LLM
 
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,

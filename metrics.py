@@ -72,8 +72,6 @@ PREFIX_CACHE_HIT_TOKENS = _counter(
     "Prompt tokens found in the prefix cache: cache=kv is the longest KV match, cache=checkpoint the part "
     "reused (ending at a state checkpoint).", ("cache",))
 PREEMPTIONS = _counter("hybrid_serve_preemptions_total", "Running sequences preempted for lack of cache.")
-SPEC_DRAFT_TOKENS = _counter("hybrid_serve_spec_decode_draft_tokens_total", "Speculative tokens proposed.")
-SPEC_ACCEPTED_TOKENS = _counter("hybrid_serve_spec_decode_accepted_tokens_total", "Speculative tokens accepted.")
 
 # ----- ingress / router -------------------------------------------------------------------
 ROUTER_DECISIONS = _counter("hybrid_serve_router_decisions_total",
@@ -106,8 +104,6 @@ class EngineMetrics:
         self.prefix_queries = PREFIX_CACHE_QUERIES.labels(*lv)
         self.prefix_hits = {k: PREFIX_CACHE_HIT_TOKENS.labels(*lv, k) for k in PREFIX_CACHE_KINDS}
         self.preemptions = PREEMPTIONS.labels(*lv)
-        self.spec_draft = SPEC_DRAFT_TOKENS.labels(*lv)
-        self.spec_accepted = SPEC_ACCEPTED_TOKENS.labels(*lv)
 
     def finished(self, finish_reason: str | None) -> None:
         reason = finish_reason if finish_reason in self.success else "error"

@@ -7,7 +7,9 @@ import os
 import ray
 
 from ..cluster.placement import check_feasible, create_replica_group, in_bundle
+from ..engine.batch import BatchItem, error_output
 from ..engine.config import EngineConfig
+from ..engine.outputs import RequestOutput
 from ..models import check_tp_size
 from .replica import ReplicaActorRemote
 
@@ -43,7 +45,7 @@ class ReplicaSet:
         """Times replica `index` was replaced (after a failed step, or when its rank-0 actor died)."""
         return self.restarts[index]
 
-    def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
+    def generate(self, items: list[BatchItem]) -> dict[str, RequestOutput]:
         """Spread requests over replicas (least assigned tokens first) and gather results.
         Replicas whose last batch failed are replaced first, before any replica runs: a new
         rank-0 process with new ShardWorkers, since a process whose collective failed may
@@ -56,16 +58,16 @@ class ReplicaSet:
         for item in items:
             target = min(range(len(load)), key=load.__getitem__)
             batches[target].append(item)
-            load[target] += len(item[1]) + item[2].max_tokens * item[2].n
+            load[target] += len(item.prompt_token_ids) + item.params.max_tokens * item.params.n
         refs = {i: self.replicas[i].generate.remote(b) for i, b in enumerate(batches) if b}
-        results: dict[str, dict] = {}
+        results: dict[str, RequestOutput] = {}
         for i, ref in refs.items():
             try:
                 results.update(ray.get(ref))
             except ray.exceptions.RayActorError as exc:  # a lost shard can abort rank 0's collective too
                 cause = (f"replica {i} failed: its rank-0 actor died mid-step ({type(exc).__name__}; a ShardWorker "
                          f"lost inside a collective takes rank 0 down with it)")
-                results.update({request_id: {"error": cause} for request_id, _, _ in batches[i]})
+                results.update({item.request_id: error_output(item, cause) for item in batches[i]})
                 self._replace(i)
         return results
 

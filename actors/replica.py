@@ -2,7 +2,7 @@
 scheduler, cache bookkeeping, sampling, shard 0); ranks 1.. are ShardWorker actors placed in
 the replica's placement group (the current one under Ray Serve, or one made here).
 
-    engine = build_replica_engine(config, tokenizer, tp_size=2)   # an LLMEngine, TP behind it
+    engine = ReplicaEngine(config, tokenizer, tp_size=2).engine    # an LLMEngine, TP behind it
     ReplicaActor.remote(config, tp_size) -> .generate(items) for the offline API
 """
 from __future__ import annotations
@@ -17,9 +17,12 @@ from ray.util import get_current_placement_group
 from ..cluster.placement import in_bundle
 from ..cluster.process_group import create_tp_store, init_tp_group, leave_tp_group
 from ..cluster.shm_channel import ShmChannel
+from ..engine.batch import BatchItem, error_output, finished_outputs, run_batch
+from ..engine.benchmarking import start_decode_batch
 from ..engine.config import EngineConfig
-from ..engine.engine import LLMEngine, batch_result, run_batch, sequence_ids, start_decode_batch
-from ..engine.llm import load_tokenizer
+from ..engine.engine import LLMEngine
+from ..engine.outputs import RequestOutput
+from ..engine.tokenizer import load_tokenizer
 from .shard_worker import STOP, ShardWorkerActor
 
 
@@ -89,10 +92,9 @@ class ReplicaActor:
         self.replica = ReplicaEngine(config, self.tokenizer, tp_size, placement_group)
         self.broken = False  # a step failed: this actor is to be replaced
 
-    def limits(self) -> dict:
-        """What the driver needs to validate prompts before queueing them."""
-        engine = self.replica.engine
-        return {"max_model_len": engine.max_model_len, "vocab_size": engine.hf_config.vocab_size}
+    def limits(self):
+        """The engine's ModelLimits: what the driver validates prompts against before queueing them."""
+        return self.replica.engine.limits
 
     def num_steps(self) -> int:
         """Steps the current engine has run (callable while `generate` runs)."""
@@ -101,15 +103,15 @@ class ReplicaActor:
     def worker_handles(self) -> list:
         return list(self.replica.workers)
 
-    def generate(self, items: list[tuple[str, list[int], object]]) -> dict[str, dict]:
-        """items: (request_id, prompt_token_ids, SamplingParams). Returns request_id -> result
-        ({"outputs": [CompletionOutput...], "num_cached_tokens": int} or {"error": str})."""
+    def generate(self, items: list[BatchItem]) -> dict[str, RequestOutput]:
+        """Run validated items to completion. Returns request_id -> RequestOutput (with
+        `error` set for requests a failed step left unfinished)."""
         if self.broken:
             cause = f"replica {self.index} failed earlier and awaits replacement"
-            return {request_id: {"error": cause} for request_id, _, _ in items}
+            return {item.request_id: error_output(item, cause) for item in items}
         finished: dict = {}
         try:
-            return run_batch(self.replica.engine, items, finished)
+            return run_batch(self.replica.engine, items, finished, validated=True)
         except Exception as exc:  # a shard died or a collective failed
             cause = f"replica {self.index} failed: {type(exc).__name__}: {exc}".strip()
             dead = [r for r, w in zip(range(1, self.tp_size), self.replica.workers) if not _alive(w)]
@@ -117,12 +119,8 @@ class ReplicaActor:
                 cause += f" (ShardWorker rank(s) {dead} died)"
             traceback.print_exc()
             self.broken = True
-            results = {}
-            for request_id, _, params in items:
-                seq_ids = sequence_ids(request_id, params.n)
-                done = all(s in finished for s in seq_ids)
-                results[request_id] = batch_result([finished[s] for s in seq_ids]) if done else {"error": cause}
-            return results
+            return {item.request_id: finished_outputs(item, finished, self.tokenizer) or error_output(item, cause)
+                    for item in items}
 
     def is_broken(self) -> bool:
         """A step failed: the driver replaces this actor before the next batch."""

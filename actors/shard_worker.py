@@ -8,8 +8,8 @@ import torch
 from ..cluster.process_group import init_tp_group, leave_tp_group
 from ..cluster.shm_channel import ShmChannel
 from ..engine.config import EngineConfig
-from ..engine.shard import PoolSetup, Shard
-from ..engine.step_plan import StepPlan
+from ..engine.runner import Shard, StepPlan
+from ..mem_cache import PoolSetup
 
 STOP = "stop"
 
@@ -23,9 +23,6 @@ class ShardWorker:
         self.channel: ShmChannel | None = None
         if config.device == "cpu":
             torch.set_num_threads(1)
-
-    def node_ip(self) -> str:
-        return ray.util.get_node_ip_address()
 
     def setup(self, master_addr: str, master_port: int, channel_name: str) -> int:
         """Join the process group (rank 0 joins at the same time), open the plan channel,

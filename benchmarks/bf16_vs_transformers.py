@@ -28,10 +28,10 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--prompts", type=int, default=64, help="random prompts compared")
+    ap.add_argument("--layers", type=int, default=8, help="layers of the random Qwen3.5-layout model")
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = Qwen3_5TextConfig(hidden_size=512, num_hidden_layers=args.layers, intermediate_size=1536,

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from model_configs import write_model_dir  # noqa: E402
 
 from hybrid_serve import LLM  # noqa: E402
-from hybrid_serve.engine.engine import start_decode_batch  # noqa: E402
+from hybrid_serve.engine.benchmarking import start_decode_batch  # noqa: E402
 
 
 def copy_bandwidth() -> float:

@@ -8,7 +8,7 @@ OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name --format=csv,noheader
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/unit/test_cuda_graph.py tests/unit/test_async_scheduling.py \
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine/test_cuda_graph.py tests/engine/test_async_scheduling.py \
   tests/models/test_triton_path.py tests/kernels/test_paged_attention.py tests/kernels/test_linear.py \
   tests/kernels/test_activation.py 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "passed|failed|Error|FAIL" | tail -12
 timeout 200 python3 benchmarks/decode_bench.py 2>&1 | tee "$OUT/decode.log" | grep -E "^ *[0-9]+ +[0-9.]+ +[0-9]+|batch" | tail -4

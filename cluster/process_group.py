@@ -7,7 +7,7 @@ import os
 
 import torch.distributed as dist
 
-from ..models.layers.parallel import set_tp_group
+from ..distributed import set_tp_group
 
 # Multi-GPU machines here must keep NVLink multicast off (it can wedge shared GPUs).
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

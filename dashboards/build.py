@@ -87,14 +87,10 @@ OVERVIEW = [
         Panel("Preemptions/s", [
             (f"sum(rate(hybrid_serve_preemptions_total{{{SEL}}}[{RATE}]))", "preemptions")], "short", width=8),
     ]),
-    Row("Speculative decoding and routing", [
-        Panel("Speculative acceptance rate", [
-            (_ratio(f"hybrid_serve_spec_decode_accepted_tokens_total{{{SEL}}}",
-                    f"hybrid_serve_spec_decode_draft_tokens_total{{{SEL}}}"), "accepted / drafted")],
-              "percentunit", "0 while speculation is off.", max=1.0),
+    Row("Routing", [
         Panel("Router decisions/s by replica", [
             (f"sum by (replica, policy) (rate(hybrid_serve_router_decisions_total{{{SEL}}}[{RATE}]))",
-             "{{replica}} ({{policy}})")], "reqps"),
+             "{{replica}} ({{policy}})")], "reqps", width=24),
     ]),
 ]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import AsyncIterator, Callable, Protocol
 
+from ..engine.admission import LoadView
 from ..engine.async_engine import ModelInfo, RequestDelta
 from ..engine.sampling_params import SamplingParams
 from .config import AppConfig
@@ -17,17 +18,15 @@ from .config import AppConfig
 class EngineClient(Protocol):
     def model_info(self) -> ModelInfo: ...
 
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError naming the problem."""
-
-    def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                 request_id: str) -> AsyncIterator[RequestDelta]:
-        """Deltas until every sequence finished; closing the iterator aborts the request."""
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                 validated: bool = False) -> AsyncIterator[RequestDelta]:
+        """Deltas until every sequence finished; closing the iterator aborts the request.
+        Validates the prompt first unless the caller did (`validated`)."""
 
     async def abort(self, request_id: str) -> None: ...
 
-    def load(self) -> tuple[int, int]:
-        """(running, waiting) sequences."""
+    def load(self) -> LoadView:
+        """The engine's load as of its last step (what admission decides from)."""
 
     def check_health(self) -> None:
         """Raises if the engine can no longer serve."""
@@ -54,7 +53,7 @@ def make_engine_client(config: AppConfig, replica: str) -> EngineClient:
 
     from ..actors.replica import ReplicaEngine
     from ..engine.async_engine import AsyncLLMEngine
-    from ..engine.llm import load_tokenizer
+    from ..engine.tokenizer import load_tokenizer
 
     torch.set_num_threads(config.torch_num_threads or max(1, int(config.num_cpus_per_replica)))
     engine_config = config.engine_config()

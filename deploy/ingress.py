@@ -18,7 +18,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import metrics
-from ..engine.llm import load_tokenizer
+from ..engine.tokenizer import load_tokenizer
 from .config import AppConfig
 from .errors import APIError, GenerateError, internal, too_large, unauthorized, unavailable
 from .metrics_hub import MetricsPusher, get_hub

@@ -80,7 +80,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
-# ----- responses (documentation of the shapes; handlers build plain dicts) ------------------
+# ----- responses: errors and /v1/models (completion bodies are built as dicts in responses.py) ------
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -90,77 +90,6 @@ class ErrorInfo(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorInfo
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: Optional[PromptTokensDetails] = None
-
-
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[Optional[float]]
-    top_logprobs: list[Optional[dict[str, float]]]
-    text_offset: list[int]
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: Optional[CompletionLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Optional[Usage] = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: Optional[list[int]] = None
-
-
-class TokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = []
-
-
-class ChoiceLogprobs(BaseModel):
-    content: Optional[list[TokenLogprob]] = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: Optional[str] = None
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: Optional[ChoiceLogprobs] = None
-    finish_reason: Optional[str] = None
-    stop_reason: Optional[Union[int, str]] = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Optional[Usage] = None
 
 
 class ModelCard(BaseModel):

@@ -15,6 +15,7 @@ from typing import AsyncIterator
 
 from ray import serve
 
+from ..engine.admission import Admission, LoadView
 from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta
 from ..engine.sampling_params import SamplingParams
 from .config import AppConfig
@@ -27,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class GenerateRequest:
-    """What the ingress sends a replica: one prompt, already tokenized and validated."""
+    """What the ingress sends a replica: one prompt, already tokenized and validated
+    (`engine.validation.validate_prompt`, once, at the ingress)."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -46,20 +48,17 @@ class LLMServerImpl:
         self.config = config
         self.replica = replica
         self.engine: EngineClient = (engine_factory or make_engine_client)(config, replica)
+        self.admission = Admission(self.engine.load().max_num_seqs, max_waiting=config.max_waiting_requests)
 
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
-        running, waiting = self.engine.load()
-        if waiting >= self.config.max_waiting_requests:
-            yield GenerateError(503, f"replica {self.replica} is overloaded ({waiting} requests waiting); "
-                                "retry later", code="overloaded")
-            return
-        try:
-            self.engine.validate(request.prompt_token_ids, request.params)
-        except ValueError as exc:
-            yield GenerateError(400, str(exc), param="prompt")
+        """The request was validated by the ingress; this asks admission whether to queue it."""
+        verdict = self.admission.on_arrival(self.engine.load())
+        if verdict.decision == "reject":
+            yield GenerateError(503, f"replica {self.replica} is overloaded ({verdict.reason}); retry later",
+                                code="overloaded")
             return
         try:
             self.engine.check_health()
@@ -67,7 +66,7 @@ class LLMServerImpl:
             yield GenerateError(503, str(exc), code="engine_dead")
             return
         yield Started(self.replica)
-        stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id)
+        stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id, validated=True)
         try:
             async for delta in stream:
                 yield delta
@@ -100,8 +99,13 @@ class LLMServer:
         async for item in self.impl.generate(request):
             yield item
 
-    async def load(self) -> tuple[int, int]:
+    async def load(self) -> LoadView:
         return self.impl.engine.load()
+
+    def record_routing_stats(self) -> dict[str, int]:
+        """Serve asks each replica for this periodically and hands it to the request router
+        (its load as admission sees it: `LoadView.routing_stats`)."""
+        return self.impl.engine.load().routing_stats()
 
     async def check_health(self) -> None:
         self.impl.check_health()

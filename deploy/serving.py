@@ -18,6 +18,7 @@ from typing import AsyncIterator, Protocol
 
 from ..engine.async_engine import ModelInfo, RequestDelta
 from ..engine.sampling_params import SamplingParams
+from ..engine.validation import ContextLengthError, PromptError, validate_prompt
 from ..metrics import IngressMetrics
 from . import responses as R
 from .config import AppConfig
@@ -107,7 +108,7 @@ class OpenAIServing:
             raise bad_request("suffix is not supported", "suffix")
         info = await self.model_info()
         prompts = await self._completion_prompts(body.prompt)
-        params = [self._params(body, len(p), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, body.logprobs, info)
+        params = [self._params(body, p, body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS, body.logprobs, info)
                   for p in prompts]
         return await self._run("text_completion", f"cmpl-{uuid.uuid4().hex}", body, prompts, params, body.logprobs)
 
@@ -119,7 +120,7 @@ class OpenAIServing:
         if body.top_logprobs and not body.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         max_tokens = body.max_completion_tokens or body.max_tokens
-        params = self._params(body, len(ids), max_tokens, None, top_n, info)
+        params = self._params(body, ids, max_tokens, None, top_n, info)
         return await self._run("chat.completion", f"chatcmpl-{uuid.uuid4().hex}", body, [ids], [params], top_n)
 
     # ----- request -> engine inputs -----------------------------------------------------
@@ -176,27 +177,17 @@ class OpenAIServing:
             raise bad_request("the chat template did not produce text", "messages")
         return await self._encode(text)
 
-    def _params(self, body: SamplingFields, prompt_len: int, max_tokens: int | None, default_max: int | None,
+    def _params(self, body: SamplingFields, ids: list[int], max_tokens: int | None, default_max: int | None,
                 logprobs: int | None, info: ModelInfo) -> SamplingParams:
-        room = info.max_model_len - prompt_len
-        if room < 1:
-            raise too_large(f"the prompt has {prompt_len} tokens; this model's context is {info.max_model_len} "
-                            "tokens, with room for at least one output token", "prompt")
-        if max_tokens is not None and max_tokens > room:
-            raise bad_request(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the context "
-                              f"length ({info.max_model_len} tokens)", "max_tokens", "context_length_exceeded")
+        """The SamplingParams of one prompt, validated against the model here, once
+        (`engine.validation.validate_prompt`); the replicas trust it."""
+        room = max(1, info.max_model_len - len(ids))
         if max_tokens is None:
             max_tokens = min(default_max or room, room)
-        bad_stop = [t for t in body.stop_token_ids or [] if t >= info.vocab_size]
-        if bad_stop:
-            raise bad_request(f"stop_token_ids {bad_stop[:5]} are outside the vocabulary [0, {info.vocab_size})",
-                              "stop_token_ids")
-        if body.min_tokens and len(set(body.stop_token_ids or ())) >= info.vocab_size - 1:
-            raise bad_request("stop_token_ids with min_tokens > 0 leave no token to sample", "stop_token_ids")
         temperature = 1.0 if body.temperature is None else body.temperature
         top_k = body.top_k if body.top_k not in (None, 0) else -1
         try:
-            return SamplingParams(
+            params = SamplingParams(
                 n=body.n, max_tokens=max_tokens, temperature=0.0 if temperature < GREEDY_EPS else temperature,
                 top_p=1.0 if body.top_p is None else max(body.top_p, MIN_TOP_P), top_k=top_k,
                 min_p=0.0 if body.min_p is None else body.min_p, seed=body.seed, stop=body.stop,
@@ -205,13 +196,19 @@ class OpenAIServing:
                 include_stop_str_in_output=body.include_stop_str_in_output)
         except ValueError as exc:
             raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from exc
+        try:
+            validate_prompt(ids, params, info.limits)
+        except ContextLengthError as exc:
+            if exc.prompt_fits:
+                raise bad_request(str(exc), "max_tokens", "context_length_exceeded") from exc
+            raise too_large(f"{exc}: the prompt leaves no room for an output token", "prompt") from exc
+        except PromptError as exc:
+            raise bad_request(str(exc), exc.param) from exc
+        return params
 
     # ----- running -----------------------------------------------------------------------
     async def _run(self, obj: str, rid: str, body: SamplingFields, prompts: list[list[int]],
                    params: list[SamplingParams], top_n: int | None):
-        for ids in prompts:
-            if any(t >= self._info.vocab_size for t in ids):
-                raise bad_request(f"prompt token ids must be in [0, {self._info.vocab_size})", "prompt")
         jobs = await self._start(rid, prompts, params)
         if body.stream:
             return self._stream(obj, rid, body, jobs, top_n)

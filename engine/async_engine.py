@@ -16,13 +16,15 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 from ..metrics import EngineMetrics
+from .admission import LoadView
 from .config import EngineConfig
 from .outputs import Logprob
 from .sampling_params import SamplingParams
+from .validation import ModelLimits, validate_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,10 @@ class ModelInfo:
     max_model_len: int
     vocab_size: int
 
+    @property
+    def limits(self) -> ModelLimits:
+        return ModelLimits(self.max_model_len, self.vocab_size)
+
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped (a step raised); the replica must be restarted."""
@@ -112,8 +118,7 @@ class _Group:
             pass
 
 
-_COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions",
-             "spec_draft_tokens", "spec_accepted_tokens")  # keys of LLMEngine.stats()
+_COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions")  # LLMEngine.stats()
 
 
 def engine_counters(engine) -> dict[str, int]:
@@ -127,7 +132,7 @@ class AsyncLLMEngine:
 
     def __init__(self, engine, model_name: str = "", replica: str = "", metrics: EngineMetrics | None = None) -> None:
         self.engine = engine
-        self.info = ModelInfo(model_name, int(engine.max_model_len), int(engine.hf_config.vocab_size))
+        self.info = ModelInfo(model_name, engine.limits.max_model_len, engine.limits.vocab_size)
         self.metrics = metrics or EngineMetrics(model_name, replica)
         self._tokenizer = getattr(engine, "tokenizer", None)
         self._inbox: list[tuple[str, object]] = []
@@ -136,7 +141,7 @@ class AsyncLLMEngine:
         self._groups: dict[str, _Group] = {}  # engine thread only
         self._seq_owner: dict[str, tuple[_Group, _Seq]] = {}  # engine thread only
         self._counters = engine_counters(engine)
-        self._load = (0, 0)  # (running, waiting), written by the engine thread
+        self._view: LoadView = engine.load_view()  # as of the last step, written by the engine thread
         self._stopping = False
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="hybrid-serve-engine", daemon=True)
@@ -145,7 +150,7 @@ class AsyncLLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig, model_name: str = "", replica: str = "") -> "AsyncLLMEngine":
         from .engine import LLMEngine
-        from .llm import load_tokenizer
+        from .tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(config.tokenizer or config.model)
         return cls(LLMEngine(config, tokenizer), model_name=model_name, replica=replica)
@@ -156,14 +161,16 @@ class AsyncLLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises ValueError naming the problem (safe from any thread: reads constants)."""
-        self.engine.validate_prompt(prompt_token_ids, params)
+        validate_prompt(prompt_token_ids, params, self.info.limits)
 
-    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestDelta]:
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
+                       validated: bool = False) -> AsyncIterator[RequestDelta]:
         """Deltas until every sequence finished. Raises ValueError for bad input (before the
-        first delta), EngineDeadError if the engine thread died."""
+        first delta) unless the caller validated it (`validated=True`: the HTTP ingress
+        does), EngineDeadError if the engine thread died."""
         self.check_health()
-        self.validate(prompt_token_ids, params)
+        if not validated:
+            self.validate(prompt_token_ids, params)
         group = _Group(request_id, list(prompt_token_ids), params, asyncio.get_running_loop(), asyncio.Queue())
         self._post("add", group)
         finished = False
@@ -190,10 +197,10 @@ class AsyncLLMEngine:
     async def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
 
-    def load(self) -> tuple[int, int]:
-        """(running, waiting) sequences: as of the last step, plus requests not yet handed over."""
-        running, waiting = self._load
-        return running, waiting + len(self._inbox)
+    def load(self) -> LoadView:
+        """The engine's load as of the last step; requests not yet handed over count as waiting."""
+        view = self._view
+        return replace(view, num_waiting=view.num_waiting + len(self._inbox)) if self._inbox else view
 
     def check_health(self) -> None:
         if self._error is not None or not self._thread.is_alive():
@@ -251,7 +258,7 @@ class AsyncLLMEngine:
             group.post(ValueError(f"request id {group.request_id!r} is already running"))
             return
         try:
-            seq_ids = self.engine.add_request(group.request_id, group.prompt_token_ids, group.params)
+            seq_ids = self.engine.add_request(group.request_id, group.prompt_token_ids, group.params, validated=True)
         except ValueError as exc:
             group.post(exc)
             return
@@ -333,9 +340,9 @@ class AsyncLLMEngine:
 
     def _update_gauges(self) -> None:
         stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
-        self._load = (int(stats.get("running", 0)), int(stats.get("waiting", 0)))
-        self.metrics.running.set(self._load[0])
-        self.metrics.waiting.set(self._load[1])
+        self._view = view = self.engine.load_view()
+        self.metrics.running.set(view.num_running)
+        self.metrics.waiting.set(view.num_waiting)
         self.metrics.kv_usage.set(stats.get("kv_cache_usage_ratio", 0.0))
         self.metrics.state_usage.set(stats.get("state_pool_usage_ratio", 0.0))
 
@@ -348,5 +355,3 @@ class AsyncLLMEngine:
         m.prefix_hits["kv"].inc(grew["kv_hit_tokens"])
         m.prefix_hits["checkpoint"].inc(grew["checkpoint_hit_tokens"])
         m.preemptions.inc(grew["preemptions"])
-        m.spec_draft.inc(grew["spec_draft_tokens"])
-        m.spec_accepted.inc(grew["spec_accepted_tokens"])

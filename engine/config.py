@@ -1,7 +1,12 @@
-"""EngineConfig: one frozen, validated config for a replica's engine."""
+"""EngineConfig: one frozen, validated config for a replica's engine (pure Python: the
+ingress and the CLI import it without torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..mem_cache import PoolOptions
 
 
 @dataclass(frozen=True)
@@ -52,3 +57,14 @@ class EngineConfig:
             raise ValueError(f"state_pool_fraction must be in [0, 1], got {self.state_pool_fraction}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+
+    def pool_options(self, model_max_len: int) -> "PoolOptions":
+        """The settings that size the pools (mem_cache.plan_pools)."""
+        from ..mem_cache import PoolOptions
+
+        return PoolOptions(page_size=self.page_size, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                           model_max_len=model_max_len, state_pool_fraction=self.state_pool_fraction,
+                           state_checkpoint_interval=self.state_checkpoint_interval,
+                           enable_prefix_cache=self.enable_prefix_cache,
+                           num_kv_pages_override=self.num_kv_pages_override,
+                           num_state_slots_override=self.num_state_slots_override)

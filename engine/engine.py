@@ -1,7 +1,7 @@
 """LLMEngine: one replica's loop, `schedule -> run on every shard -> sample and postprocess`.
 
     engine.add_request(request_id, prompt_token_ids, params)   # validates; ValueError on bad input
-    while engine.has_unfinished(): outputs = engine.step()     # RequestOutput of each request touched
+    while engine.has_unfinished(): touched = engine.step()     # the Requests that got a token
 """
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from dataclasses import dataclass
 import torch
 
 from ..device_io import PendingHostCopy
-from ..mem_cache import CacheManager
-from ..mem_cache.sizing import PoolSizes, check_pool_sizes, size_pools
+from ..mem_cache import CacheManager, PoolSetup, plan_pools
+from .admission import Admission, LoadView
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
-from .outputs import CompletionOutput
-from .request import Request
+from .request import Request, sequence_ids
+from .runner import Shard, StepPlan
 from .sampler import mask_early_stops, record_logprobs, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
-from .shard import CacheLayout, PoolSetup, Shard
-from .step_plan import StepPlan
+from .tokenizer import eos_token_ids
+from .validation import ModelLimits, validate_prompt
 
 
 @dataclass
@@ -41,9 +41,10 @@ class _Launched:
 class LLMEngine:
     """Rank 0 of a replica: the scheduler, cache bookkeeping and sampling, plus its own Shard.
 
-    With tensor parallelism, `channel` carries PoolSetup and every StepPlan to the other
-    ranks (one broadcast per step, no RPC per rank); they execute the same plan on their
-    shards, and rank 0 samples from the gathered logits.
+    Start-up: load this rank's shard, decide the pools (`mem_cache.plan_pools`), send the
+    `PoolSetup` to the other ranks (`channel`), build the pools. With tensor parallelism
+    `channel` then carries every StepPlan to the other ranks (one broadcast per step, no RPC
+    per rank); they execute the same plan on their shards, and rank 0 samples.
     """
 
     def __init__(self, config: EngineConfig, tokenizer=None, channel=None) -> None:
@@ -53,37 +54,41 @@ class LLMEngine:
         self.model, self.hf_config, self.dtype = self.shard.model, self.shard.hf_config, self.shard.dtype
         self.tokenizer = tokenizer
         self.channel = channel
-        self.eos_token_ids = _eos_token_ids(config.model, self.hf_config, tokenizer)
-        layout = self.shard.cache_layout()
-        setup, ckpts = plan_pools(config, layout, self.shard.default_budget(), self.hf_config)
-        self.max_model_len = setup.max_model_len
+        self.eos_token_ids = eos_token_ids(config.model, self.hf_config, tokenizer)
+        layout = self.shard.pool_layout()
+        self.pool_setup: PoolSetup = plan_pools(layout, self.shard.cache_budget(),
+                                                config.pool_options(self.shard.model_max_len))
         if channel is not None:
-            channel.send(setup)
-        self.shard.build_pools(setup)
+            channel.send(self.pool_setup)
+        self.shard.build_pools(self.pool_setup)
         self.runner = self.shard.runner
-        self.cache = CacheManager(setup.sizes.num_kv_pages, config.page_size, setup.sizes.num_state_slots,
-                                  config.max_num_seqs, setup.max_model_len, needs_state=layout.num_state_layers > 0,
-                                  enable_prefix_cache=config.enable_prefix_cache)
-        self.scheduler = Scheduler(config, self.cache)
+        self.limits = ModelLimits(self.pool_setup.max_model_len, int(self.hf_config.vocab_size))
+        self.cache = CacheManager.from_setup(self.pool_setup, needs_state=layout.num_state_layers > 0,
+                                             enable_prefix_cache=config.enable_prefix_cache)
+        self.admission = Admission(self.pool_setup.num_req_rows)
+        self.scheduler = Scheduler(config, self.cache, self.admission)
         self._seed_rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}  # live sequences by id
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
         self.step_timings: list[dict] | None = None  # benchmarks: set to [] to record where each step goes
         self.num_steps = 0  # steps run (a liveness/progress signal)
         # queue step N+1 before reading step N's tokens back (other ranks receive rank 0's
-        # sampled tokens from it on the device: ModelRunner.sync_last_tokens)
+        # sampled tokens on the device: ModelRunner.execute)
         self.overlap = config.async_scheduling
         self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
 
-    # ----- requests ----------------------------------------------------------------------
-    def validate_prompt(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises ValueError naming the problem; changes nothing."""
-        validate_prompt(prompt_token_ids, params, self.hf_config.vocab_size, self.max_model_len)
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> list[str]:
+    # ----- requests ----------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    validated: bool = False) -> list[str]:
         """Queue a prompt; with n > 1, one sequence per sample (ids `request_id`, `request_id#1`, ...).
-        Returns the sequence ids."""
-        self.validate_prompt(prompt_token_ids, params)
+        Returns the sequence ids. Raises ValueError naming the problem unless the caller has
+        already run `validate_prompt` against `self.limits` (`validated=True`)."""
+        if not validated:
+            validate_prompt(prompt_token_ids, params, self.limits)
         ids = sequence_ids(request_id, params.n)
         for i, seq_id in enumerate(ids):
             seed = params.seed + i if params.seed is not None else self._seed_rng.getrandbits(63)
@@ -107,6 +112,10 @@ class LLMEngine:
     def get_request(self, seq_id: str) -> Request | None:
         return self.requests.get(seq_id)
 
+    def load_view(self) -> LoadView:
+        """Running and waiting sequences, free rows, slots and pages: what admission decides from."""
+        return self.scheduler.load_view()
+
     def stats(self) -> dict[str, float]:
         """Gauges and cumulative counters for metrics."""
         cache = self.cache.stats
@@ -126,6 +135,9 @@ class LLMEngine:
     # model_runner.py); a request found finished by N-1 has computed one extra token in N,
     # which is dropped (its KV and state are those of real tokens and are released after N).
     # Requests that want logprobs are finished in their own step (their logits are read).
+    # Speculative verify steps generalise this: a request's accepted length stays on the
+    # device with its last token, and the next step's inputs are built there (the K=0 case
+    # is exactly the pending token above); see engine/spec/__init__.py.
     def step(self) -> list[Request]:
         """One step: schedule -> queue on the shard(s) -> finish the previous step (or, without
         overlap, this one). Returns the requests that got a token (finished ones included)."""
@@ -224,108 +236,3 @@ class LLMEngine:
         self.step_timings.append({"broadcast_ms": (t1 - t0) * 1e3, "execute_ms": (time.perf_counter() - t1) * 1e3,
                                   "events": (start, end), "batch": len(plan.req_rows)})
         return logits
-
-
-def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_model_len: int) -> None:
-    """Raises ValueError naming the problem with a prompt (empty, unknown ids, too long)."""
-    if not prompt_token_ids:
-        raise ValueError("prompt is empty")
-    bad = [t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
-    bad_stops = [t for t in params.stop_token_ids if t >= vocab_size]
-    if bad_stops:
-        raise ValueError(f"stop_token_ids {bad_stops[:5]} are outside the vocabulary [0, {vocab_size})")
-    total = len(prompt_token_ids) + params.max_tokens
-    if total > max_model_len:
-        raise ValueError(f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} = {total} "
-                         f"exceeds the context length max_model_len={max_model_len}")
-
-
-def plan_pools(cfg: EngineConfig, layout: CacheLayout, default_budget: int, hf_config) -> tuple[PoolSetup, int]:
-    """Pool sizes and max_model_len from one budget (or the explicit overrides); returns the
-    setup and the number of prefix-cache checkpoints one request may hold."""
-    page_bytes, slot_bytes = layout.kv_bytes_per_page, layout.state_bytes_per_slot
-    budget = cfg.cache_memory_bytes or default_budget
-    model_max = int(getattr(hf_config, "max_position_embeddings", 0) or 1 << 20)
-    max_model_len = cfg.max_model_len
-    if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
-        state_part = min(int(budget * cfg.state_pool_fraction), cfg.max_num_seqs * slot_bytes)
-        kv_tokens = (budget - state_part) // page_bytes * cfg.page_size - cfg.page_size if page_bytes else model_max
-        max_model_len = max(1, min(model_max, kv_tokens))
-    ckpts = max_model_len // cfg.state_checkpoint_interval + 1 if cfg.enable_prefix_cache and layout.num_state_layers else 0
-    if cfg.num_kv_pages_override or cfg.num_state_slots_override:  # exact sizes instead of the budget
-        sizes = check_pool_sizes(
-            PoolSizes(cfg.num_kv_pages_override or 1 + cfg.max_num_seqs * -(-max_model_len // cfg.page_size),
-                      cfg.num_state_slots_override or cfg.max_num_seqs * (1 + ckpts)),
-            cfg.page_size, max_model_len, min_state_slots=1 + ckpts)
-    else:
-        sizes = size_pools(budget, cfg.state_pool_fraction, page_bytes, slot_bytes, cfg.page_size, max_model_len,
-                           min_state_slots=1 + ckpts, max_state_slots=cfg.max_num_seqs * (1 + ckpts))
-    return PoolSetup(sizes, max_model_len), ckpts
-
-
-def sequence_ids(request_id: str, n: int) -> list[str]:
-    """The ids of a request's n samples: `request_id`, `request_id#1`, ..."""
-    return [request_id] + [f"{request_id}#{i}" for i in range(1, n)]
-
-
-def run_batch(engine: LLMEngine, items: list[tuple[str, list[int], SamplingParams]],
-              finished: dict | None = None) -> dict[str, dict]:
-    """Run requests (request_id, prompt ids, params) to completion. Returns request_id ->
-    {"outputs": [CompletionOutput per sample], "num_cached_tokens": int}. `finished` (seq id ->
-    Request) fills as sequences end, so a caller can tell what completed if a step raises."""
-    finished = {} if finished is None else finished
-    seqs = {rid: engine.add_request(rid, ids, p) for rid, ids, p in items}
-    while engine.has_unfinished():
-        for req in engine.step():
-            if req.finished:
-                finished[req.request_id] = req
-    return {rid: batch_result([finished[s] for s in ss]) for rid, ss in seqs.items()}
-
-
-def start_decode_batch(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: int, token_high: int,
-                       seed: int, prefix: str = "bench") -> list[str]:
-    """Benchmarks: queue `batch` greedy requests of random prompts (token ids in [10,
-    token_high)), run their prefill and 3 warm-up decode steps (graph capture), so that every
-    following step is a pure decode step of the whole batch. Returns the sequence ids."""
-    gen = torch.Generator().manual_seed(seed)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    ids = [engine.add_request(f"{prefix}{i}", torch.randint(10, token_high, (prompt_len,), generator=gen).tolist(),
-                              params)[0] for i in range(batch)]
-    while engine.scheduler.waiting or any(r.num_computed_tokens < r.prompt_len for r in engine.scheduler.running):
-        engine.step()
-    for _ in range(3):
-        engine.step()
-    return ids
-
-
-def batch_result(reqs: list[Request]) -> dict:
-    return {"outputs": [completion_of(r, i) for i, r in enumerate(reqs)],
-            "num_cached_tokens": reqs[0].num_cached_tokens or 0}
-
-
-def completion_of(req: Request, index: int) -> CompletionOutput:
-    return CompletionOutput(
-        index=index, text=req.detokenizer.text, token_ids=list(req.output_token_ids),
-        cumulative_logprob=req.cumulative_logprob if req.logprobs is not None else None,
-        logprobs=req.logprobs, finish_reason=req.finish_reason, stop_reason=req.stop_reason,
-    )
-
-
-def _eos_token_ids(model_dir: str, hf_config, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    try:
-        from transformers import GenerationConfig
-
-        gen = GenerationConfig.from_pretrained(model_dir)
-        eos = gen.eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    except (OSError, ValueError):
-        pass
-    eos = getattr(hf_config, "eos_token_id", None)
-    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    if not ids and tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
-

@@ -12,6 +12,11 @@ from .outputs import Logprob
 from .sampling_params import SamplingParams
 
 
+def sequence_ids(request_id: str, n: int) -> list[str]:
+    """The ids of a request's n samples (one sequence each): `request_id`, `request_id#1`, ..."""
+    return [request_id] + [f"{request_id}#{i}" for i in range(1, n)]
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -59,11 +64,6 @@ class Request:
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
-
-    @property
-    def max_total_tokens(self) -> int:
-        """KV positions this request may need: the prompt and all but the last output token."""
-        return self.prompt_len + self.params.max_tokens - 1
 
     @property
     def num_tokens_to_compute(self) -> int:

@@ -6,32 +6,12 @@ from __future__ import annotations
 import torch
 
 from ..device_io import to_device
+from ..kernels.sampling import masked_logits_row_ref, sample_tokens
+from ..kernels.switch import use_triton
 from .outputs import Logprob
-from ..kernels.sampling import sample_tokens
-from ..models.layers.ops import use_triton
 from .request import Request
 
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (dividing by it overflows)
-
-
-def _mask_logits(logits: torch.Tensor, req: Request) -> torch.Tensor:
-    """logits: [V] fp32. Temperature, top-k, top-p, min-p; returns masked, scaled logits."""
-    p = req.params
-    logits = logits / p.temperature
-    if p.top_k > 0 and p.top_k < logits.numel():
-        kth = torch.topk(logits, p.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # drop a token when the mass before it already reaches top_p (always keep the first)
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= p.top_p
-        drop[0] = False  # the most likely token always stays
-        logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
-    if p.min_p > 0.0:
-        probs = torch.softmax(logits, dim=-1)
-        logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
-    return logits
 
 
 def mask_early_stops(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
@@ -88,7 +68,8 @@ def _sample_rows(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
     drawn = {}
     for b, req in enumerate(requests):
         if not req.params.greedy and req.params.temperature >= MIN_TEMPERATURE:
-            probs = torch.softmax(_mask_logits(logits[b], req), dim=-1)
+            p = req.params
+            probs = torch.softmax(masked_logits_row_ref(logits[b], p.temperature, p.top_k, p.top_p, p.min_p), dim=-1)
             if torch.isfinite(probs).all() and probs.sum() > 0:  # else (overflow): keep the argmax
                 drawn[b] = int(torch.multinomial(probs, 1, generator=req.generator))
     if drawn:

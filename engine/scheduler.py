@@ -5,7 +5,8 @@ prompt at first, one token once decoding). Each step:
   1. running requests, oldest first, get min(needed, chunked_prefill_size, budget left),
      cut so that a chunk ends on the next state-checkpoint position;
   2. waiting requests are admitted (FIFO, reusing the longest cached prefix) while the
-     budget, `max_num_seqs`, rows, state slots and KV pages allow.
+     budget allows, `Admission.can_start` says yes (max_num_seqs, free rows) and the cache
+     manager finds a state slot and KV pages.
 When KV pages run out, the newest running requests are preempted: their holdings are
 released and they go back to the front of the queue, to be recomputed later (with the
 prefix cache's help). A request samples whenever its chunk reaches the end of its tokens.
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..mem_cache import CacheManager
+from .admission import Admission, LoadView
 from .config import EngineConfig
 from .request import Request, RequestStatus
 
@@ -33,9 +35,10 @@ class ScheduledChunk:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
+    def __init__(self, config: EngineConfig, cache: CacheManager, admission: Admission) -> None:
         self.config = config
         self.cache = cache
+        self.admission = admission
         self.interval = config.state_checkpoint_interval
         self.page_size = config.page_size
         self.waiting: deque[Request] = deque()
@@ -47,6 +50,14 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def load_view(self) -> LoadView:
+        """The load admission decides from (and the replica reports)."""
+        cache = self.cache
+        return LoadView(num_running=len(self.running), num_waiting=len(self.waiting),
+                        num_waiting_tokens=sum(r.num_tokens_to_compute for r in self.waiting),
+                        num_free_req_rows=cache.rows.num_free, num_free_state_slots=cache.state_slots.num_free,
+                        num_free_kv_pages=cache.pages.num_free, max_num_seqs=self.admission.max_num_seqs)
 
     # ----- chunking ----------------------------------------------------------------------
     def _checkpoint_positions(self, req: Request) -> tuple[int, int]:
@@ -84,7 +95,8 @@ class Scheduler:
             plan.append(ScheduledChunk(req, n))
             budget -= n
             i += 1
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        view = self.load_view()
+        while self.waiting and budget > 0 and self.admission.can_start(view).admitted:
             req = self.waiting[0]
             if req.num_pending_tokens:  # preempted before its last token was read back: wait for it
                 break
@@ -106,6 +118,8 @@ class Scheduler:
             self.running.append(req)
             plan.append(ScheduledChunk(req, n))
             budget -= n
+            view = replace(view, num_running=view.num_running + 1, num_waiting=view.num_waiting - 1,
+                           num_free_req_rows=self.cache.rows.num_free)
         for chunk in plan:
             end = chunk.request.num_computed_tokens + chunk.num_tokens
             if self.config.enable_prefix_cache and self._is_checkpoint(chunk.request, end):

@@ -16,55 +16,54 @@ from __future__ import annotations
 import os
 
 
-def _patch_scalar_index(interpreter, np) -> None:
-    original = getattr(interpreter, "_patch_lang_tensor", None)
+def _wrap(owner, name: str, make_wrapper) -> None:
+    """Replace owner.name by make_wrapper(original), once; skipped where owner lacks it."""
+    original = getattr(owner, name, None)
     if original is None or getattr(original, "_hybrid_serve_compat", False):
         return
+    wrapper = make_wrapper(original)
+    wrapper._hybrid_serve_compat = True
+    setattr(owner, name, wrapper)
 
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
-    patched._hybrid_serve_compat = True
-    interpreter._patch_lang_tensor = patched
+def _patch_scalar_index(interpreter, np) -> None:
+    def make(original):
+        def patched(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+        return patched
+
+    _wrap(interpreter, "_patch_lang_tensor", make)
 
 
 def _patch_bf16_dot(interpreter, np, tl) -> None:
-    builder = getattr(interpreter, "InterpreterBuilder", None)
-    original = getattr(builder, "create_dot", None)
-    if original is None or getattr(original, "_hybrid_serve_compat", False):
-        return
-
     def widen(h):
         if h.dtype != tl.bfloat16:
             return h
         bits = np.asarray(h.data).astype(np.uint32) << np.uint32(16)
         return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
 
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+    def make(original):
+        def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+            return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+        return create_dot
 
-    create_dot._hybrid_serve_compat = True
-    builder.create_dot = create_dot
+    _wrap(getattr(interpreter, "InterpreterBuilder", None), "create_dot", make)
 
 
 def _patch_bf16_rounding(interpreter, np, tl) -> None:
-    builder = getattr(interpreter, "InterpreterBuilder", None)
-    original = getattr(builder, "cast_impl", None)
-    if original is None or getattr(original, "_hybrid_serve_compat", False):
-        return
+    def make(original):
+        def cast_impl(self, src, dst_type):
+            if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+                f32 = np.asarray(src.data, dtype=np.float32)
+                bits = f32.view(np.uint32)
+                rounded = (bits + (((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF))) >> np.uint32(16)
+                out = np.where(np.isnan(f32), np.uint32(0x7FC0), rounded).astype(np.uint16)
+                return interpreter.TensorHandle(out, dst_type.scalar)
+            return original(self, src, dst_type)
+        return cast_impl
 
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            f32 = np.asarray(src.data, dtype=np.float32)
-            bits = f32.view(np.uint32)
-            rounded = (bits + (((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF))) >> np.uint32(16)
-            out = np.where(np.isnan(f32), np.uint32(0x7FC0), rounded).astype(np.uint16)
-            return interpreter.TensorHandle(out, dst_type.scalar)
-        return original(self, src, dst_type)
-
-    cast_impl._hybrid_serve_compat = True
-    builder.cast_impl = cast_impl
+    _wrap(getattr(interpreter, "InterpreterBuilder", None), "cast_impl", make)
 
 
 def apply() -> None:

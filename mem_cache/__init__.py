@@ -4,10 +4,11 @@ from .manager import CacheManager, CacheStats, RequestAlloc
 from .ops import CacheOps, apply_cache_ops
 from .radix_cache import RadixCache
 from .req_table import RequestRowTable
-from .sizing import PoolSizes, size_pools
+from .sizing import PoolLayout, PoolOptions, PoolSetup, PoolSizes, plan_pools, size_pools
 from .state_pool import StatePool, StateSpec
 
 __all__ = [
-    "CacheManager", "CacheOps", "CacheStats", "IdAllocator", "KVPool", "PoolSizes", "RadixCache", "RequestAlloc",
-    "RequestRowTable", "StatePool", "StateSpec", "apply_cache_ops", "size_pools",
+    "CacheManager", "CacheOps", "CacheStats", "IdAllocator", "KVPool", "PoolLayout", "PoolOptions", "PoolSetup",
+    "PoolSizes", "RadixCache", "RequestAlloc", "RequestRowTable", "StatePool", "StateSpec", "apply_cache_ops",
+    "plan_pools", "size_pools",
 ]

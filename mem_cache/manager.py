@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .allocator import IdAllocator
 from .ops import CacheOps
 from .radix_cache import RadixCache, RadixNode
+from .sizing import PoolSetup
 
 
 @dataclass
@@ -54,6 +55,12 @@ class CacheManager:
         self.pre_ops, self.post_ops = CacheOps(), CacheOps()
         self._allocs: dict[int, RequestAlloc] = {}  # req_row -> holdings
 
+    @classmethod
+    def from_setup(cls, setup: PoolSetup, needs_state: bool, enable_prefix_cache: bool) -> "CacheManager":
+        """The bookkeeping of the pools every rank built from `setup`."""
+        return cls(setup.num_kv_pages, setup.page_size, setup.num_state_slots, setup.num_req_rows,
+                   setup.max_model_len, needs_state=needs_state, enable_prefix_cache=enable_prefix_cache)
+
     # ----- per-step ops ----------------------------------------------------------------
     def take_ops(self) -> tuple[CacheOps, CacheOps]:
         ops = (self.pre_ops, self.post_ops)
@@ -83,9 +90,6 @@ class CacheManager:
                 return None
             self._free_tree_items(pages, slots)
         return self.state_slots.alloc()[0]
-
-    def available_pages(self) -> int:
-        return self.pages.num_free + self.tree.evictable_pages()
 
     # ----- request lifecycle -----------------------------------------------------------
     def admit(self, token_ids: list[int], num_prompt_tokens: int) -> RequestAlloc | None:
@@ -197,10 +201,6 @@ class CacheManager:
         return [p * ps + o for p in pages for o in range(ps)]
 
     # ----- checks ----------------------------------------------------------------------
-    @property
-    def num_running(self) -> int:
-        return len(self._allocs)
-
     def usage(self) -> dict[str, float]:
         return {"kv_cache_usage_ratio": self.pages.num_used / self.pages.num_ids,
                 "state_pool_usage_ratio": self.state_slots.num_used / self.state_slots.num_ids}

@@ -34,12 +34,6 @@ class RadixNode:
         self.lock_ref = 0
         self.last_access = 0
 
-    def depth_tokens(self) -> int:
-        n, node = 0, self
-        while node is not None:
-            n += len(node.tokens)
-            node = node.parent
-        return n
 
 
 @dataclass
@@ -212,10 +206,6 @@ class RadixCache:
 
     def held_state_slots(self) -> list[int]:
         return [n.state_slot for n in self._nodes() if n.state_slot is not None]
-
-    def evictable_pages(self) -> int:
-        """Pages in subtrees with no lock (an upper bound on what evict_kv can free)."""
-        return sum(len(n.pages) for n in self._nodes() if n.lock_ref == 0)
 
     def check_integrity(self) -> None:
         pages = self.held_pages()

@@ -1,13 +1,76 @@
-"""Split one memory budget between KV pages and state slots."""
+"""Pool sizing: one memory budget split between KV pages and state slots, decided once by
+rank 0 (`plan_pools`) and sent to every rank as a `PoolSetup`, so all shards' pools and
+request-row tables are alike.
+
+    PoolLayout   bytes of one KV page and one state slot on this rank (from the model)
+    PoolOptions  what the user set (page size, max_num_seqs, the KV:state split, ...)
+    PoolSetup    the decision: page, slot and row counts and max_model_len (validated)
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .state_pool import StateSpec
 
 
 @dataclass(frozen=True)
 class PoolSizes:
     num_kv_pages: int  # including reserved page 0
     num_state_slots: int  # usable slots (slot 0 extra)
+
+
+@dataclass(frozen=True)
+class PoolLayout:
+    """Per-rank bytes of one KV page and one state slot, and what they hold."""
+
+    num_attn_layers: int
+    num_state_layers: int
+    kv_bytes_per_page: int  # 0 without attention layers
+    state_bytes_per_slot: int  # 0 without state layers
+    state_spec: StateSpec
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """The user's settings that size the pools (EngineConfig.pool_options())."""
+
+    page_size: int
+    max_num_seqs: int
+    max_model_len: int | None  # None: the model's, capped to what the KV part of the budget holds
+    model_max_len: int  # the model's own context (max_position_embeddings)
+    state_pool_fraction: float
+    state_checkpoint_interval: int
+    enable_prefix_cache: bool
+    num_kv_pages_override: int | None = None  # exact sizes instead of the budget split
+    num_state_slots_override: int | None = None
+
+
+@dataclass(frozen=True)
+class PoolSetup:
+    """What every rank builds: KV pages (page 0 reserved), state slots (slot 0 reserved),
+    request rows (row 0 reserved; one per running request, `max_num_seqs`), the context
+    length, and how many prefix-cache checkpoints one request may hold. Raises ValueError
+    naming the numbers if one request of max_model_len would not fit."""
+
+    num_kv_pages: int
+    num_state_slots: int
+    num_req_rows: int
+    max_model_len: int
+    page_size: int
+    checkpoints_per_request: int
+
+    def __post_init__(self) -> None:
+        for name in ("num_kv_pages", "num_state_slots", "num_req_rows", "max_model_len", "page_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        pages_per_request = -(-self.max_model_len // self.page_size)
+        if self.num_kv_pages - 1 < pages_per_request:
+            raise ValueError(f"{self.num_kv_pages} KV pages (1 reserved) of {self.page_size} tokens cannot hold one "
+                             f"request of max_model_len={self.max_model_len} ({pages_per_request} pages)")
+        if self.num_state_slots < 1 + self.checkpoints_per_request:
+            raise ValueError(f"{self.num_state_slots} state slots cannot hold one request's own slot and its "
+                             f"prefix-cache checkpoints ({1 + self.checkpoints_per_request})")
 
 
 def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int, state_bytes_per_slot: int,
@@ -38,13 +101,24 @@ def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int,
     return PoolSizes(num_kv_pages=int(num_pages), num_state_slots=int(num_slots))
 
 
-def check_pool_sizes(sizes: PoolSizes, page_size: int, max_model_len: int, min_state_slots: int) -> PoolSizes:
-    """Explicit sizes: raise ValueError naming the numbers if one request of max_model_len won't fit."""
-    pages_per_request = -(-max_model_len // page_size)
-    if sizes.num_kv_pages - 1 < pages_per_request:
-        raise ValueError(f"{sizes.num_kv_pages} KV pages (1 reserved) of {page_size} tokens cannot hold one request "
-                         f"of max_model_len={max_model_len} ({pages_per_request} pages)")
-    if sizes.num_state_slots < min_state_slots:
-        raise ValueError(f"{sizes.num_state_slots} state slots cannot hold one request's own slot and its "
-                         f"prefix-cache checkpoints ({min_state_slots})")
-    return sizes
+def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> PoolSetup:
+    """Pool sizes and max_model_len from one budget (or the explicit overrides)."""
+    o, page_bytes, slot_bytes = options, layout.kv_bytes_per_page, layout.state_bytes_per_slot
+    max_model_len = o.max_model_len
+    if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
+        state_part = min(int(budget_bytes * o.state_pool_fraction), o.max_num_seqs * slot_bytes)
+        kv_tokens = (budget_bytes - state_part) // page_bytes * o.page_size - o.page_size if page_bytes \
+            else o.model_max_len
+        max_model_len = max(1, min(o.model_max_len, kv_tokens))
+    ckpts = 0
+    if o.enable_prefix_cache and layout.num_state_layers:
+        ckpts = max_model_len // o.state_checkpoint_interval + 1
+    if o.num_kv_pages_override or o.num_state_slots_override:
+        num_pages = o.num_kv_pages_override or 1 + o.max_num_seqs * -(-max_model_len // o.page_size)
+        num_slots = o.num_state_slots_override or o.max_num_seqs * (1 + ckpts)
+    else:
+        sizes = size_pools(budget_bytes, o.state_pool_fraction, page_bytes, slot_bytes, o.page_size, max_model_len,
+                           min_state_slots=1 + ckpts, max_state_slots=o.max_num_seqs * (1 + ckpts))
+        num_pages, num_slots = sizes.num_kv_pages, sizes.num_state_slots
+    return PoolSetup(num_kv_pages=num_pages, num_state_slots=num_slots, num_req_rows=o.max_num_seqs,
+                     max_model_len=max_model_len, page_size=o.page_size, checkpoints_per_request=ckpts)

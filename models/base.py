@@ -18,7 +18,10 @@ import torch.nn as nn
 
 from ..mem_cache import StateSpec
 from .layer_ids import LayerIdMap
+from .layers.attention import AttentionHeads
 from .layers.linear import copy_checked
+from .layers.moe import PerExpertWeightLoader
+from .forward_batch import ForwardBatch
 
 
 @dataclass(frozen=True)
@@ -39,9 +42,13 @@ class HybridForCausalLM(nn.Module):
         raise NotImplementedError
 
     def kv_spec(self) -> KVSpec | None:
-        raise NotImplementedError
+        """This rank's KV heads and head dims; None if the model has no attention layer."""
+        if not self.layer_ids.num_attn_layers:
+            return None
+        heads = AttentionHeads.from_config(self.hf_config)
+        return KVSpec(heads.num_kv_heads, heads.head_dim, heads.head_dim)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -65,11 +72,12 @@ class HybridForCausalLM(nn.Module):
         an unexpected tensor or a shape mismatch, naming the tensor and both shapes."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        per_expert = PerExpertWeightLoader(self)  # one tensor per expert -> stacked experts
         for ckpt_name, tensor in weights:
             name = self.normalize_name(ckpt_name)
             if name is None or (name == "lm_head.weight" and self.tied_embeddings()):
                 continue  # skipped on purpose; a tied head shares the embedding's parameter
-            if self.load_special(name, tensor, params, loaded):
+            if per_expert(name, tensor, loaded):
                 continue
             if name not in params:
                 raise ValueError(f"unexpected tensor {ckpt_name!r} (shape {tuple(tensor.shape)}) in checkpoint")
@@ -89,7 +97,3 @@ class HybridForCausalLM(nn.Module):
             if len(embeddings) != 1:
                 raise ValueError("tie_word_embeddings is set but the model has no single embed_tokens")
             self.lm_head.weight = embeddings[0].weight
-
-    def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
-        """Hook for tensors that do not map one-to-one (e.g. per-expert weights). True if handled."""
-        return False

@@ -13,21 +13,18 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import HybridForCausalLM, KVSpec
+from .base import HybridForCausalLM
 from .layer_ids import ATTENTION, STATE, LayerIdMap
 from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, RMSNorm, RotaryEmbedding, RowParallelLinear,
     VocabParallelEmbedding, rope_parameters,
 )
-from .layers.linear import KVParallelLinear, kv_heads_per_rank
-from .layers.parallel import divide, tp_size
+from .layers.attention import AttentionHeads
+from .layers.linear import KVParallelLinear
 from .layers.short_conv import ShortConv
+from .forward_batch import ForwardBatch
 
 _LAYER_KINDS = {"conv": STATE, "full_attention": ATTENTION}
-
-
-def lfm2_head_dim(hf_config) -> int:
-    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
 def lfm2_intermediate_size(hf_config) -> int:
@@ -50,12 +47,10 @@ class Lfm2Attention(nn.Module):
 
     def __init__(self, hf_config, attn_layer_id: int) -> None:
         super().__init__()
-        tp = tp_size()
         h = hf_config.hidden_size
-        self.head_dim = lfm2_head_dim(hf_config)
-        total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
-        self.num_heads = divide(total_heads, tp, "num_attention_heads")
-        self.num_kv_heads = kv_heads_per_rank(total_kv)
+        heads = AttentionHeads.from_config(hf_config)
+        self.head_dim, self.num_heads, self.num_kv_heads = heads.head_dim, heads.num_heads, heads.num_kv_heads
+        total_heads, total_kv = heads.total_heads, heads.total_kv_heads
         self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim)
         self.k_proj = KVParallelLinear(h, total_kv, self.head_dim)
         self.v_proj = KVParallelLinear(h, total_kv, self.head_dim)
@@ -66,7 +61,7 @@ class Lfm2Attention(nn.Module):
         self.rotary = RotaryEmbedding(self.head_dim, self.head_dim, theta)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """hidden: [T, H] (normed) -> [T, H]; writes this step's K/V into the KV pool."""
         num_tokens = hidden.shape[0]
         q = self.q_layernorm(self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
@@ -108,7 +103,7 @@ class Lfm2DecoderLayer(nn.Module):
         self.operator_norm = RMSNorm(hf_config.hidden_size, eps=hf_config.norm_eps)
         self.ffn_norm = RMSNorm(hf_config.hidden_size, eps=hf_config.norm_eps)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.conv
         hidden = hidden + mixer(self.operator_norm(hidden), positions, fb)
         return hidden + self.feed_forward(self.ffn_norm(hidden))
@@ -149,15 +144,7 @@ class Lfm2ForCausalLM(HybridForCausalLM):
             return None
         return ShortConv.state_spec(self.hf_config.hidden_size, self.hf_config.conv_L_cache, dtype)
 
-    def kv_spec(self) -> KVSpec | None:
-        """This rank's KV heads; None if the model has no attention layer."""
-        if not self.layer_ids.num_attn_layers:
-            return None
-        c = self.hf_config
-        head_dim = lfm2_head_dim(c)
-        return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """input_ids, positions: [T] -> hidden [T, H] after the final norm."""
         hidden = self.model.embed_tokens(input_ids)  # [T, H]
         for layer in self.model.layers:

@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from ..distributed import tp_context
 from .registry import model_class, resolve_architecture
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -89,16 +90,9 @@ def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, t
     matrices, N(0, 0.1) for vectors, 1 + N(0, 0.1) for norm weights that multiply (not zero-centered ones),
     rounded to bf16 values as a released bf16 checkpoint holds them (an fp32 model then computes on exactly
     the weights a bf16 one has)."""
-    from .layers import parallel
-
-    saved = (parallel.tp_rank(), parallel.tp_size(), parallel._TP.group)
-    parallel.set_tp_group(0, 1, None)  # the full model's names and shapes
-    try:
-        with torch.device("meta"):
-            full = cls(hf_config)
-        full.tie_weights()
-    finally:
-        parallel.set_tp_group(*saved)
+    with tp_context(rank=0, size=1), torch.device("meta"):  # the full model's names and shapes
+        full = cls(hf_config)
+    full.tie_weights()
     modules = dict(full.named_modules())
     for name, param in full.named_parameters():  # drawn on the CPU: the same weights on every device
         gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
@@ -118,8 +112,6 @@ _TP_SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "linear_num_ke
 def check_tp_size(model_dir: str, tp_size: int) -> None:
     """Raise ValueError (naming the numbers) if tp_size does not divide the model's heads,
     experts or vocabulary shards; builds the model on the meta device, nothing is loaded."""
-    from .layers import parallel
-
     if not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
     hf_config = load_hf_config(model_dir)
@@ -130,13 +122,8 @@ def check_tp_size(model_dir: str, tp_size: int) -> None:
         if isinstance(value, int) and value % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide the model's {attr}={value}")
     cls = model_class(resolve_architecture(hf_config))
-    saved = (parallel.tp_rank(), parallel.tp_size(), parallel._TP.group)
-    parallel.set_tp_group(0, tp_size, None)
-    try:
-        with torch.device("meta"):
-            cls(hf_config)
-    finally:
-        parallel.set_tp_group(*saved)
+    with tp_context(rank=0, size=tp_size), torch.device("meta"):
+        cls(hf_config)
 
 
 def load_model(

@@ -7,22 +7,22 @@ Matches transformers' NemotronHForCausalLM. Checkpoints name the backbone `backb
 """
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .base import HybridForCausalLM, KVSpec
+from .base import HybridForCausalLM
 from .layer_ids import ATTENTION, NONE, STATE, LayerIdMap
 from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, ReplicatedLinear, RMSNorm, RowParallelLinear,
     VocabParallelEmbedding, copy_checked,
 )
 from .layers import ops
-from .layers.linear import KVParallelLinear, kv_heads_per_rank, segmented_shard
+from .layers.attention import AttentionHeads
+from .layers.linear import KVParallelLinear, attach_segmented_loader, segmented_shard
 from .layers.mamba2 import Mamba2Mixer
-from .layers.parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
+from ..distributed import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
+from .forward_batch import ForwardBatch
 
 # block type names (transformers 5 names, legacy names, pattern characters) -> pattern character
 _BLOCK_CODES = {
@@ -61,11 +61,9 @@ class NemotronHAttention(nn.Module):
 
     def __init__(self, hf_config, attn_layer_id: int) -> None:
         super().__init__()
-        tp = tp_size()
-        self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
-        self.num_heads = divide(total_heads, tp, "num_attention_heads")
-        self.num_kv_heads = kv_heads_per_rank(total_kv)
+        heads = AttentionHeads.from_config(hf_config)
+        self.head_dim, self.num_heads, self.num_kv_heads = heads.head_dim, heads.num_heads, heads.num_kv_heads
+        total_heads, total_kv = heads.total_heads, heads.total_kv_heads
         h = hf_config.hidden_size
         self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim)
         self.k_proj = KVParallelLinear(h, total_kv, self.head_dim)
@@ -73,7 +71,7 @@ class NemotronHAttention(nn.Module):
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, h)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -89,7 +87,7 @@ class NemotronHMLP(nn.Module):
         self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor, positions=None, fb=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions=None, fb: ForwardBatch | None = None) -> torch.Tensor:
         return self.down_proj(relu2(self.up_proj(x)))
 
 
@@ -138,23 +136,24 @@ class NemotronHExperts(nn.Module):
         self.intermediate_size = intermediate_size  # full, before sharding
         per_rank = divide(intermediate_size, tp_size(), "moe_intermediate_size")
         self.up_proj = nn.Parameter(torch.empty(num_experts, per_rank, input_dim))
+        attach_segmented_loader(self.up_proj, [intermediate_size], dim=1)
         self.down_proj = nn.Parameter(torch.empty(num_experts, input_dim, per_rank))
-        self.up_proj.weight_loader = self._merged_loader(dim=1)
-        self.down_proj.weight_loader = self._merged_loader(dim=2)
+        attach_segmented_loader(self.down_proj, [intermediate_size], dim=2)
 
-    def _merged_loader(self, dim: int):
-        def loader(param: torch.Tensor, full: torch.Tensor, name: str = "") -> None:
-            copy_checked(param, segmented_shard(full, [self.intermediate_size], dim, tp_rank(), tp_size()), name)
+    def load_expert(self, expert_id: int, proj: str, full: torch.Tensor, name: str) -> str:
+        """One expert's checkpoint matrix (`PerExpertWeightLoader`): up_proj [I, Hin] (split
+        on dim 0) or down_proj [Hin, I] (split on dim 1). Returns the parameter it wrote to."""
+        if proj not in ("up_proj", "down_proj"):
+            raise ValueError(f"unexpected tensor {name!r}: relu2 experts have no {proj}")
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"{name}: expert {expert_id} out of range 0..{self.num_experts - 1}")
+        part = segmented_shard(full, [self.intermediate_size], 0 if proj == "up_proj" else 1, tp_rank(), tp_size())
+        copy_checked(getattr(self, proj).data[expert_id], part, name)
+        return proj
 
-        return loader
-
-    def load_one(self, which: str, expert: int, full: torch.Tensor, name: str) -> None:
-        """Per-expert checkpoint tensor: up [I, Hin] (shard dim 0) or down [Hin, I] (shard dim 1)."""
-        param = getattr(self, which)
-        if not 0 <= expert < self.num_experts:
-            raise ValueError(f"{name}: expert {expert} out of range 0..{self.num_experts - 1}")
-        dim = 0 if which == "up_proj" else 1
-        copy_checked(param.data[expert], segmented_shard(full, [self.intermediate_size], dim, tp_rank(), tp_size()), name)
+    @staticmethod
+    def checkpoint_parts(attr: str) -> int:
+        return 1
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """hidden: [T, Hin]; topk_*: [T, k] (fp32 weights: fp32 accumulation). Returns this rank's
@@ -177,7 +176,7 @@ class NemotronHMoE(nn.Module):
         self.fc1_latent_proj = ReplicatedLinear(h, latent, bias=bias) if latent else None
         self.fc2_latent_proj = ReplicatedLinear(latent, h, bias=bias) if latent else None
 
-    def forward(self, hidden: torch.Tensor, positions=None, fb=None) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions=None, fb: ForwardBatch | None = None) -> torch.Tensor:
         topk_weights, topk_ids = self.gate(hidden)
         routed = hidden if self.fc1_latent_proj is None else self.fc1_latent_proj(hidden)
         routed = all_reduce(self.experts(routed, topk_weights, topk_ids)).to(hidden.dtype)  # [T, Hin]
@@ -199,7 +198,7 @@ class NemotronHBlock(nn.Module):
         else:
             self.mixer = NemotronHMoE(hf_config)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         return hidden + self.mixer(self.norm(hidden), positions, fb)
 
 
@@ -214,7 +213,6 @@ class _Backbone(nn.Module):
 class NemotronHForCausalLM(HybridForCausalLM):
     name_rewrites = ((r"^backbone\.", "model."),)
     ignored_tensors = (r"^mtp\.", r"^(backbone|model)\.mtp\.")
-    _EXPERT = re.compile(r"^(model\.layers\.\d+\.mixer\.experts)\.(\d+)\.(up_proj|down_proj)\.weight$")
 
     def __init__(self, hf_config) -> None:
         super().__init__()
@@ -234,27 +232,8 @@ class NemotronHForCausalLM(HybridForCausalLM):
         # tensor even with tie_word_embeddings=True; load_weights falls back to a copy if it is absent.
         return False
 
-    def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
-        """Per-expert checkpoint tensors go into the merged expert parameters; a merged
-        parameter counts as loaded once every expert has arrived."""
-        m = self._EXPERT.match(name)
-        if m is None:
-            return False
-        prefix, expert, which = m.group(1), int(m.group(2)), m.group(3)
-        experts = self.get_submodule(prefix)
-        experts.load_one(which, expert, tensor, name)
-        seen = self._experts_seen.setdefault(f"{prefix}.{which}", set())
-        seen.add(expert)
-        if len(seen) == experts.num_experts:
-            loaded.add(f"{prefix}.{which}")
-        return True
-
     def load_weights(self, weights):
-        self._experts_seen: dict[str, set[int]] = {}
-        try:
-            loaded = super().load_weights(weights)
-        finally:
-            del self._experts_seen
+        loaded = super().load_weights(weights)
         emb = "model.embeddings.weight"
         if self.tie_word_embeddings and "lm_head.weight" not in loaded and emb in loaded:
             self.lm_head.weight.data.copy_(self.model.embeddings.weight.data)
@@ -266,14 +245,7 @@ class NemotronHForCausalLM(HybridForCausalLM):
             return None
         return Mamba2Mixer.state_spec(self.hf_config, dtype)
 
-    def kv_spec(self) -> KVSpec | None:
-        c = self.hf_config
-        if self.layer_ids.num_attn_layers == 0:
-            return None
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embeddings(input_ids)  # [T, hidden]
         for layer in self.model.layers:
             hidden = layer(hidden, positions, fb)

@@ -8,17 +8,18 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .base import HybridForCausalLM, KVSpec
+from .base import HybridForCausalLM
 from .layer_ids import ATTENTION, STATE, LayerIdMap
 from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, RMSNorm, RotaryEmbedding, RowParallelLinear,
     VocabParallelEmbedding, rope_parameters,
 )
 from .layers import ops
+from .layers.attention import AttentionHeads
 from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
-from .layers.linear import KVParallelLinear, LinearGroup, kv_heads_per_rank
-from .layers.parallel import divide, tp_size
+from .layers.linear import KVParallelLinear, LinearGroup
+from .forward_batch import ForwardBatch
 
 
 class GatedAttention(nn.Module):
@@ -27,11 +28,9 @@ class GatedAttention(nn.Module):
 
     def __init__(self, hf_config, attn_layer_id: int) -> None:
         super().__init__()
-        tp = tp_size()
-        self.head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        total_heads, total_kv = hf_config.num_attention_heads, hf_config.num_key_value_heads
-        self.num_heads = divide(total_heads, tp, "num_attention_heads")
-        self.num_kv_heads = kv_heads_per_rank(total_kv)
+        heads = AttentionHeads.from_config(hf_config)
+        self.head_dim, self.num_heads, self.num_kv_heads = heads.head_dim, heads.num_heads, heads.num_kv_heads
+        total_heads, total_kv = heads.total_heads, heads.total_kv_heads
         bias = getattr(hf_config, "attention_bias", False)
         h = hf_config.hidden_size
         self.q_proj = ColumnParallelLinear(h, total_heads * self.head_dim * 2, bias=bias)
@@ -48,7 +47,7 @@ class GatedAttention(nn.Module):
     def post_load(self) -> None:
         self.qkv.fuse()
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q_gate, k, v = self.qkv(hidden)  # column slices of one output
         q_gate = q_gate.reshape(num_tokens, self.num_heads, 2 * self.head_dim)
@@ -78,7 +77,7 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
     def post_load(self) -> None:
         self.in_proj.fuse()  # four projections of the same input: one GEMM
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         mixed_qkv, z, b, a = self.in_proj(hidden)  # column slices of one output
         z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
@@ -99,7 +98,7 @@ class Qwen3_5DecoderLayer(nn.Module):
 
     gdn_class = Qwen3_5GatedDeltaNet
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb,
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch,
                 residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: the previous layer's MLP output (or the embeddings, with residual None);
         returns (this layer's MLP output, the residual stream before it). Each residual add
@@ -149,12 +148,7 @@ class Qwen3_5ForCausalLM(HybridForCausalLM):
     def state_spec(self, dtype: torch.dtype):
         return GatedDeltaNetBase.state_spec(self.hf_config, dtype)
 
-    def kv_spec(self) -> KVSpec:
-        c = self.hf_config
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return KVSpec(kv_heads_per_rank(c.num_key_value_heads), head_dim, head_dim)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         hidden, residual = self.model.embed_tokens(input_ids), None
         for layer in self.model.layers:
             hidden, residual = layer(hidden, positions, fb, residual)

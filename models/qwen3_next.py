@@ -18,10 +18,11 @@ import torch.nn as nn
 
 from .layers import ColumnParallelLinear, RowParallelLinear, copy_checked
 from .layers.gdn import GatedDeltaNetBase
-from .layers.moe import PerExpertWeightLoader, SparseMoeBlock
-from .layers.parallel import divide, tp_rank, tp_size
+from .layers.moe import SparseMoeBlock
+from ..distributed import divide, tp_rank, tp_size
 from .layers.mlp import GatedMLP
 from .qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5ForCausalLM
+from .forward_batch import ForwardBatch
 
 
 def attach_head_group_loader(param: nn.Parameter, num_groups: int) -> None:
@@ -57,7 +58,7 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNetBase):
         attach_head_group_loader(self.in_proj_ba.weight, total_k_heads)
         self.out_proj = RowParallelLinear(hf_config.linear_num_value_heads * self.head_v_dim, h)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         num_tokens, hk, r = hidden.shape[0], self.num_k_heads, self.v_per_k  # this rank's key heads
         qkvz = self.in_proj_qkvz(hidden).view(num_tokens, hk, -1)  # [T, Hk, 2Dk + 2rDv]
         rdv = r * self.head_v_dim
@@ -103,14 +104,3 @@ class Qwen3NextForCausalLM(Qwen3_5ForCausalLM):
             shared_expert=GatedMLP(h, hf_config.shared_expert_intermediate_size),  # always present, as in HF
             shared_expert_gate=True,
         )
-
-    def load_weights(self, weights) -> set[str]:
-        self._per_expert = PerExpertWeightLoader(self)  # fresh progress for each load
-        try:
-            return super().load_weights(weights)
-        finally:
-            del self._per_expert
-
-    def load_special(self, name: str, tensor: torch.Tensor, params: dict, loaded: set[str]) -> bool:
-        """One key per expert (`...mlp.experts.<e>.{gate,up,down}_proj.weight`) -> stacked experts."""
-        return self._per_expert(name, tensor, loaded)

@@ -21,6 +21,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     next_pow2, verify_scratch,
 )
+from .._triton_common import varlen_row
 
 
 @triton.jit
@@ -34,10 +35,8 @@ def _causal_conv1d_varlen_kernel(
     VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     b = tl.program_id(0)
-    start = tl.load(cu_ptr + b).to(tl.int64)
-    seq_len = (tl.load(cu_ptr + b + 1) - start).to(tl.int32)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    has_state = (slot >= 0) & (slot < num_slots)
+    start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
+    seq_len = (end - start).to(tl.int32)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # [BD]
     mask_d = offs_d < num_channels
     state_base = states_ptr + slot * stride_s_n + offs_d[None, :] * stride_s_d  # [1, BD]

@@ -20,16 +20,8 @@ def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def gated_delta_rule_varlen_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    ssm_states: torch.Tensor,
-    state_slots: list[int],
-    cu_seqlens: list[int],
-    scale: float | None = None,
-    use_qk_l2norm: bool = True,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_states: torch.Tensor,
+    state_slots: list[int], cu_seqlens: list[int], scale: float | None = None, use_qk_l2norm: bool = True,
 ) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g (log decay, <= 0), beta: [T, HV];
     ssm_states: [N+1, HV, Dk, Dv] fp32 (updated in place); state_slots: [B] host list;

@@ -24,6 +24,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     next_pow2, verify_scratch,
 )
+from .._triton_common import varlen_row
 
 
 @triton.jit
@@ -40,10 +41,7 @@ def _gated_delta_recurrent_kernel(
 ):
     pid_v, b, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // HEADS_PER_K
-    start = tl.load(cu_ptr + b).to(tl.int64)
-    end = tl.load(cu_ptr + b + 1).to(tl.int64)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    has_state = (slot >= 0) & (slot < num_slots)
+    start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
     offs_k = tl.arange(0, BK)
     offs_v = pid_v * BV + tl.arange(0, BV)
     mask_k, mask_v = offs_k < DK, offs_v < DV
@@ -87,21 +85,10 @@ def _gated_delta_recurrent_kernel(
 
 
 def gated_delta_rule_recurrent(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    ssm_states: torch.Tensor,
-    state_slots: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    scale: float | None = None,
-    use_qk_l2norm: bool = True,
-    intermediate_states: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    block_v: int | None = None,
-    num_warps: int | None = None,
-    gating: tuple[torch.Tensor, torch.Tensor] | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_states: torch.Tensor,
+    state_slots: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = True,
+    intermediate_states: torch.Tensor | None = None, out: torch.Tensor | None = None, block_v: int | None = None,
+    num_warps: int | None = None, gating: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Gated delta rule over a varlen batch, token by token (decode, verify, short prefill).
 
@@ -115,7 +102,8 @@ def gated_delta_rule_recurrent(
     receives the state after token s of batch row b (steps >= S dropped), the pool is NOT
     written; out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
     dims per program, 4 warps); gating: optional (A_log [HV], dt_bias [HV]): then g and beta
-    are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself. Returns o: [T, HV, Dv] in v's dtype.
+    are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself.
+    Returns o: [T, HV, Dv] in v's dtype.
     """
     check_launch_device("gated_delta_rule_recurrent", q)
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)

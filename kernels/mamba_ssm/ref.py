@@ -19,19 +19,9 @@ import torch.nn.functional as F
 
 
 def selective_state_update_varlen_ref(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    ssm_states: torch.Tensor,
-    state_slots: list[int],
-    cu_seqlens: list[int],
-    dt_softplus: bool = True,
-    dt_limit: tuple[float, float] = (0.0, float("inf")),
-    out_dtype: torch.dtype | None = None,
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, state_slots: list[int], cu_seqlens: list[int],
+    dt_softplus: bool = True, dt_limit: tuple[float, float] = (0.0, float("inf")), out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """x: [T, H, P]; dt: [T, H] (raw, before bias/softplus); A: [H] (negative); B, C: [T, G, N];
     D, dt_bias: [H] or None; ssm_states: [S+1, H, P, N] (updated in place); state_slots: [B]

@@ -22,6 +22,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     next_pow2, verify_scratch,
 )
+from .._triton_common import varlen_row
 
 
 @triton.jit
@@ -45,10 +46,7 @@ def _selective_state_update_kernel(
 ):
     pid_p, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     grp = h // HEADS_PER_GROUP
-    start = tl.load(cu_ptr + b).to(tl.int64)
-    end = tl.load(cu_ptr + b + 1).to(tl.int64)
-    slot = tl.load(slots_ptr + b).to(tl.int64)
-    has_state = (slot >= 0) & (slot < num_slots)
+    start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
     offs_p = pid_p * BP + tl.arange(0, BP)
     offs_n = tl.arange(0, BN)
     mask_p, mask_n = offs_p < P, offs_n < N
@@ -82,21 +80,10 @@ def _selective_state_update_kernel(
 
 
 def selective_state_update_varlen(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    ssm_states: torch.Tensor,
-    state_slots: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    dt_softplus: bool = True,
-    dt_limit: tuple[float, float] = (0.0, float("inf")),
-    out_dtype: torch.dtype | None = None,
-    intermediate_states: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, state_slots: torch.Tensor, cu_seqlens: torch.Tensor,
+    dt_softplus: bool = True, dt_limit: tuple[float, float] = (0.0, float("inf")), out_dtype: torch.dtype | None = None,
+    intermediate_states: torch.Tensor | None = None, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mamba2 SSM recurrence over a varlen batch, token by token, state in the pool.
 

@@ -44,16 +44,3 @@ def masked_logits_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
             out[b] = masked_logits_row_ref(logits[b], float(temperature[b]), int(top_k[b]), float(top_p[b]),
                                            float(min_p[b]))
     return out
-
-
-def sample_tokens_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                      min_p: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits: [B, V]; per-row params [B]. Returns token ids [B] int64 (multinomial draws)."""
-    masked = masked_logits_ref(logits, temperature, top_k, top_p, min_p)
-    tokens = torch.empty(logits.shape[0], dtype=torch.int64)
-    for b in range(logits.shape[0]):
-        if float(temperature[b]) > 0:
-            tokens[b] = torch.multinomial(torch.softmax(masked[b], -1).cpu(), 1, generator=generator)[0]
-        else:
-            tokens[b] = int(torch.argmax(logits[b]))
-    return tokens

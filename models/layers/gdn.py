@@ -15,7 +15,8 @@ from ...mem_cache import StateSpec
 from . import ops
 from .linear import attach_segmented_loader
 from .norm import GatedRMSNorm
-from .parallel import divide, tp_size
+from ...distributed import divide, tp_size
+from ..forward_batch import ForwardBatch
 
 
 class DepthwiseConvWeight(nn.Module):
@@ -63,7 +64,8 @@ class GatedDeltaNetBase(nn.Module):
             ssm_dtype=ssm_dtype,
         )
 
-    def mix(self, mixed_qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, fb) -> torch.Tensor:
+    def mix(self, mixed_qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+            fb: ForwardBatch) -> torch.Tensor:
         """mixed_qkv: [T, conv_dim]; z: [T, HV, Dv]; b, a: [T, HV]. Returns [T, HV*Dv]."""
         pool = fb.state_pool
         conv_states = pool.conv_states[self.state_layer_id]  # [N+1, conv_dim, K-1]

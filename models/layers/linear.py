@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 
 from . import ops
-from .parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
+from ...distributed import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 
 def copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str = "") -> None:

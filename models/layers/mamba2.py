@@ -18,7 +18,8 @@ import torch.nn as nn
 from ...mem_cache import StateSpec
 from . import ops
 from .linear import ColumnParallelLinear, RowParallelLinear, attach_segmented_loader
-from .parallel import divide, tp_size
+from ...distributed import divide, tp_size
+from ..forward_batch import ForwardBatch
 
 
 class SegmentedDepthwiseConv(nn.Module):
@@ -106,7 +107,7 @@ class Mamba2Mixer(nn.Module):
             ssm_dtype=ssm_dtype,
         )
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """hidden: [T, hidden] -> [T, hidden]. Reads and updates this layer's pooled state."""
         num_tokens = hidden.shape[0]
         pool = fb.state_pool

@@ -15,7 +15,8 @@ Checkpoints come in two forms, both accepted:
                 (loaded by the parameters' own `weight_loader`);
     per expert  `...experts.<e>.gate_proj.weight [I, H]`, `.up_proj.weight [I, H]`,
                 `.down_proj.weight [H, I]` (what the Hub and save_pretrained hold), assembled
-                by `PerExpertWeightLoader` from a family's `load_special` hook.
+                by `PerExpertWeightLoader`, which `HybridForCausalLM.load_weights` tries first
+                for every tensor (any experts module with `load_expert` takes part).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .linear import ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
-from .parallel import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
+from ...distributed import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +70,11 @@ class FusedExperts(nn.Module):
         rows = slice(0, i_r) if proj == "gate_proj" else slice(i_r, 2 * i_r)
         copy_checked(self.gate_up_proj.data[expert_id, rows], part, name)
         return "gate_up_proj"
+
+    @staticmethod
+    def checkpoint_parts(attr: str) -> int:
+        """Per-expert checkpoint tensors that make one expert's slice of parameter `attr`."""
+        return 2 if attr == "gate_up_proj" else 1
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum, in
@@ -123,11 +129,13 @@ class SparseMoeBlock(nn.Module):
 
 
 class PerExpertWeightLoader:
-    """Assembles one-key-per-expert checkpoint tensors into `FusedExperts` storage.
+    """Assembles one-key-per-expert checkpoint tensors into stacked expert storage: any
+    module named `...experts` with `num_experts`, `load_expert(expert_id, proj, full, name) ->
+    attr` and `checkpoint_parts(attr)` (FusedExperts, Nemotron-H's relu2 experts).
 
-    Use one instance per `load_weights` call and call it from `load_special`. A stacked
-    parameter is reported as loaded only once every expert's part of it has arrived, so the
-    loader's missing check still names parameters with an expert absent from the checkpoint."""
+    Use one instance per `load_weights` call. A stacked parameter is reported as loaded only
+    once every expert's part of it has arrived, so the loader's missing check still names
+    parameters with an expert absent from the checkpoint."""
 
     pattern = re.compile(
         r"^(?P<module>(?:.+\.)?experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
@@ -145,14 +153,14 @@ class PerExpertWeightLoader:
             experts = self.model.get_submodule(match["module"])
         except AttributeError:
             return False  # no such module: the caller reports an unexpected tensor
-        if not isinstance(experts, FusedExperts):
+        if not hasattr(experts, "load_expert"):
             return False
         expert_id, proj = int(match["expert"]), match["proj"]
         attr = experts.load_expert(expert_id, proj, tensor, name)
         param_name = f"{match['module']}.{attr}"
         parts = self.arrived.setdefault(param_name, set())
         parts.add((expert_id, proj))
-        needed = experts.num_experts * (2 if attr == "gate_up_proj" else 1)
+        needed = experts.num_experts * experts.checkpoint_parts(attr)
         if len(parts) == needed:
             loaded.add(param_name)
         return True

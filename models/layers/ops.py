@@ -1,24 +1,20 @@
 """The one dispatch point between model layers and kernels: one function per op.
 
-Each op runs its Triton kernel when the tensors are on CUDA, or anywhere when the env var
-HYBRID_SERVE_KERNELS=triton (read at every call, so one test process can switch; CPU
-tensors then also need TRITON_INTERPRET=1 before the kernels are imported), and its
-torch reference (kernels/*/ref.py) otherwise.
+Each op runs its Triton kernel or its torch reference (kernels/*/ref.py) as the kernel
+switch (`kernels.switch.use_triton`: CUDA tensors, or HYBRID_SERVE_KERNELS) says.
 
-Batch metadata comes from the step's ForwardBatch `fb` (engine/forward_batch.py):
+Batch metadata comes from the step's ForwardBatch `fb` (models/forward_batch.py):
 
-    kernel path     fb.state_slots, fb.cu_seqlens_t, fb.prefix_lens_t, fb.req_rows_t, ...
+    kernel path     fb.state_slots, fb.cu_seqlens, fb.prefix_lens, fb.req_rows, ...
                     device tensors only: no host sync, CUDA-graph safe
-    reference path  fb.state_slots_host, fb.cu_seqlens, fb.prefix_lens, ... host lists
+    reference path  fb.host.state_slots, fb.host.cu_seqlens, ... host lists
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
-from ...kernels import HAS_TRITON
+from ...kernels.switch import skinny_rows_limit, use_triton
 from ...kernels import attention as _attn
 from ...kernels import causal_conv1d as _conv
 from ...kernels import linear as _linear
@@ -28,42 +24,10 @@ from ...kernels import mamba_ssm as _ssm
 from ...kernels import moe as _moe
 from ...kernels import norm as _norm
 from ...kernels import rotary as _rotary
-
-KERNELS_ENV = "HYBRID_SERVE_KERNELS"  # auto (default) | triton | ref
-SKINNY_ROWS_ENV = "HYBRID_SERVE_SKINNY_ROWS"  # most rows sent to the skinny linear kernel (0 = off)
-# Rows of x sent to kernels/linear by default: batch-1 decode. On an H100 (benchmarks/
-# linear_sweep.py, weights cold) it streams the 2.3B model's decode weights in 1572 us against
-# cuBLAS's 1754 us at one row, but loses from two rows on (1788 vs 1749 us), where cuBLAS's
-# tensor-core tiles read each weight once for all rows.
-SKINNY_DEFAULT_ROWS = 1
-
-
-def use_triton(t: torch.Tensor) -> bool:
-    """Kernel path for `t`: Triton on CUDA (when installed), the torch reference elsewhere;
-    HYBRID_SERVE_KERNELS=triton or =ref forces one (e.g. the fp32 reference on a GPU)."""
-    choice = os.environ.get(KERNELS_ENV, "auto")
-    if choice == "triton":
-        return True  # without triton the kernel stubs raise, naming what is missing
-    if choice == "ref":
-        return False
-    return HAS_TRITON and t.is_cuda
+from ..forward_batch import ForwardBatch
 
 
 # ----- linears -----------------------------------------------------------------------------
-def skinny_rows_limit() -> int:
-    """Most rows of x that go to the weight-streaming kernel: SKINNY_DEFAULT_ROWS, or
-    HYBRID_SERVE_SKINNY_ROWS (0 sends every linear to cuBLAS, for A/B runs; at most
-    kernels.linear's SKINNY_MAX_ROWS)."""
-    value = os.environ.get(SKINNY_ROWS_ENV)
-    if value is None:
-        return SKINNY_DEFAULT_ROWS
-    try:
-        rows = int(value)
-    except ValueError:
-        raise ValueError(f"{SKINNY_ROWS_ENV} must be an integer, got {value!r}") from None
-    return max(0, min(rows, _linear.SKINNY_MAX_ROWS))
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x W^T (+ b). x: [..., K]; weight: [N, K]. out_dtype: None (x's dtype) or torch.float32
@@ -123,28 +87,29 @@ def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 # ----- attention --------------------------------------------------------------------------
-def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb) -> None:
+def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> None:
     """Write this step's keys/values at fb.kv_slots. k_cache: [S, Hkv, D]; k: [T, Hkv, D]."""
     fn = _attn.store_kv if use_triton(k) else _attn.store_kv_ref
     fn(k_cache, v_cache, fb.kv_slots, k, v)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, fb) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                    fb: ForwardBatch) -> torch.Tensor:
     """q: [T, Hq, D] over each request's paged context -> [T, Hq, Dv] in q's dtype."""
     if use_triton(q):
-        return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows_t, fb.prefix_lens_t,
-                                     fb.cu_seqlens_t, scale, max_extend_len=fb.max_extend_len)
-    return _attn.paged_attention_ref(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
-                                     fb.extend_lens, scale)
+        return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
+                                     fb.cu_seqlens, scale, max_extend_len=fb.max_extend_len)
+    return _attn.paged_attention_ref(q, k_cache, v_cache, fb.req_to_token, fb.host.req_rows, fb.host.prefix_lens,
+                                     fb.host.extend_lens, scale)
 
 
 # ----- recurrent-state mixers -------------------------------------------------------------
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor, fb,
-                  activation: str | None) -> torch.Tensor:
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor,
+                  fb: ForwardBatch, activation: str | None) -> torch.Tensor:
     """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place) -> y: [T, D]."""
     if use_triton(x):
-        return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens_t, activation)
-    return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.state_slots_host, fb.cu_seqlens,
+        return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation)
+    return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.host.state_slots, fb.host.cu_seqlens,
                                           activation)
 
 
@@ -157,30 +122,32 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
 
 
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     ssm_states: torch.Tensor, fb, use_qk_l2norm: bool = True) -> torch.Tensor:
+                     ssm_states: torch.Tensor, fb: ForwardBatch, use_qk_l2norm: bool = True) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g, beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv]
     (updated in place) -> o: [T, HV, Dv] in v's dtype."""
     if use_triton(q):
-        return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens_t,
+        return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm)
-    return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.state_slots_host, fb.cu_seqlens,
+    return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
                                             use_qk_l2norm=use_qk_l2norm)
 
 
 def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                                       b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-                                      ssm_states: torch.Tensor, fb, use_qk_l2norm: bool = True) -> torch.Tensor:
+                                      ssm_states: torch.Tensor, fb: ForwardBatch,
+                                      use_qk_l2norm: bool = True) -> torch.Tensor:
     """gdn_gating(a, b, A_log, dt_bias) then gated_delta_rule: a, b: [T, HV] raw projections.
     The kernel path computes the gates inside the recurrent kernel (one launch)."""
     if use_triton(q):
-        return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens_t,
+        return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias))
     g, beta = gdn_gating(a, b, A_log, dt_bias)
     return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm)
 
 
 def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-                           D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, fb, *,
+                           D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor,
+                           fb: ForwardBatch, *,
                            dt_softplus: bool, dt_limit: tuple[float, float],
                            out_dtype: torch.dtype | None) -> torch.Tensor:
     """x: [T, H, P]; dt: [T, H]; A, D, dt_bias: [H]; B, C: [T, G, N]; ssm_states: [N_slots+1, H, P, N]
@@ -188,9 +155,9 @@ def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
     kwargs = dict(dt_softplus=dt_softplus, dt_limit=dt_limit, out_dtype=out_dtype)
     if use_triton(x):
         return _ssm.selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
-                                                  fb.cu_seqlens_t, **kwargs)
-    return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots_host,
                                                   fb.cu_seqlens, **kwargs)
+    return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.host.state_slots,
+                                                  fb.host.cu_seqlens, **kwargs)
 
 
 # ----- norms and rotary -------------------------------------------------------------------

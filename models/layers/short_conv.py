@@ -17,7 +17,8 @@ import torch.nn as nn
 from ...mem_cache import StateSpec
 from . import ops
 from .linear import ColumnParallelLinear, RowParallelLinear, attach_segmented_loader
-from .parallel import divide, tp_size
+from ...distributed import divide, tp_size
+from ..forward_batch import ForwardBatch
 
 
 class ShardedDepthwiseConv(nn.Module):
@@ -53,7 +54,7 @@ class ShortConv(nn.Module):
             conv_dtype=dtype,
         )
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """hidden: [T, H] (normed) -> [T, H]. Reads and updates the conv window of each
         batch row's state slot (`fb.state_slots`), sequences split by `fb.cu_seqlens`."""
         b_gate, c_gate, x = self.in_proj(hidden).split(self.channels, dim=-1)  # [T, H/tp] each

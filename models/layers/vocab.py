@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from . import ops
 from .linear import copy_checked
-from .parallel import all_gather_last_dim, all_reduce, tp_rank, tp_size
+from ...distributed import all_gather_last_dim, all_reduce, tp_rank, tp_size
 
 
 def _padded_vocab(vocab_size: int) -> int:

@@ -12,6 +12,7 @@ from e2e_helpers import free_port, wait_http  # noqa: E402
 from hybrid_serve import LLM, SamplingParams  # noqa: E402
 
 
+@pytest.mark.slow
 def test_serve_tp2_matches_offline():
     openai = pytest.importorskip("openai")
     from hybrid_serve.deploy.app import build_app

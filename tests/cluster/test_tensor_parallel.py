@@ -29,6 +29,7 @@ def _prompts(n, vocab=256, seed=0):
     return [torch.randint(0, vocab, (int(k),), generator=gen).tolist() for k in torch.randint(1, 80, (n,), generator=gen)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tp2_tokens_equal_tp1(family, dtype, reference_models, two_node_cluster):
@@ -46,6 +47,7 @@ def test_tp2_tokens_equal_tp1(family, dtype, reference_models, two_node_cluster)
     assert [o.outputs[0].token_ids for o in got] == want
 
 
+@pytest.mark.slow
 def test_killed_shard_fails_only_its_replica_then_recovers(reference_models, two_node_cluster):
     model_dir, _ = reference_models("qwen3_5")
     prompts = _prompts(32, seed=1)
@@ -106,6 +108,7 @@ def _check(tp, replicas, use_gpu=False):
     check_feasible(tp, replicas, use_gpu)
 
 
+@pytest.mark.slow
 def test_tp4_with_two_kv_heads_replicates_them(reference_models, two_node_cluster):
     model_dir, _ = reference_models("lfm2")  # 4 query heads, 2 KV heads: each rank keeps one KV head
     prompts = _prompts(3, seed=2)
@@ -118,6 +121,7 @@ def test_tp4_with_two_kv_heads_replicates_them(reference_models, two_node_cluste
     assert [o.outputs[0].token_ids for o in got] == want
 
 
+@pytest.mark.slow
 def test_tp2_overlapped_scheduling_matches_synchronous(reference_models, two_node_cluster):
     """Overlapped scheduling at tp=2 (rank 0 broadcasts its sampled tokens to rank 1 on the
     stream): the same outputs as synchronous steps, with content stops, seeded sampling,

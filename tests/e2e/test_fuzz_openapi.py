@@ -40,6 +40,7 @@ def _fuzz(op, mode, served, session, counts: Counter, server_errors: list[str]) 
     run()
 
 
+@pytest.mark.slow
 def test_fuzz_from_openapi(served):
     from schemathesis import GenerationMode
 

@@ -27,7 +27,7 @@ REQUIRED = [
     "hybrid_serve_requests_waiting", "hybrid_serve_request_success_total", "hybrid_serve_kv_cache_usage_ratio",
     "hybrid_serve_state_pool_usage_ratio", "hybrid_serve_prefix_cache_queries_total",
     "hybrid_serve_prefix_cache_hit_tokens_total", "hybrid_serve_preemptions_total",
-    "hybrid_serve_spec_decode_draft_tokens_total", "hybrid_serve_router_decisions_total",
+    "hybrid_serve_router_decisions_total",
 ]
 NEEDS_PROMETHEUS = pytest.mark.skipif(
     not (shutil.which("prometheus") and shutil.which("promtool")),

@@ -51,11 +51,12 @@ def test_skinny_linear_rejects_bad_input():
 def test_ops_linear_dispatch(monkeypatch):
     """ops.linear sends a few bf16 rows to the kernel and everything else to torch, with the
     same result; HYBRID_SERVE_SKINNY_ROWS=0 turns the kernel off."""
-    from hybrid_serve.models.layers import ops
     from hybrid_serve.kernels import linear as klinear
+    from hybrid_serve.kernels import switch
+    from hybrid_serve.models.layers import ops
 
     monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
-    assert ops.skinny_rows_limit() == ops.SKINNY_DEFAULT_ROWS == 1
+    assert switch.skinny_rows_limit() == switch.SKINNY_DEFAULT_ROWS == 1
     monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "4")
     calls = []
     real = klinear.skinny_linear

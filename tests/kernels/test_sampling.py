@@ -28,16 +28,23 @@ def test_masked_logits_match_engine_rule():
     assert torch.allclose(got[~got.isinf()], want[~want.isinf()], rtol=1e-6, atol=1e-6)
 
 
-def test_ref_matches_engine_sampler_mask():
+def test_engine_host_sampler_draws_inside_the_ref_mask():
+    """The engine's host path (CPU) masks with masked_logits_row_ref: every draw of a row
+    lies where the reference keeps the logit finite, and a greedy row takes the argmax."""
     from types import SimpleNamespace
 
-    from hybrid_serve.engine.sampler import _mask_logits
+    from hybrid_serve.engine.sampler import sample
     from hybrid_serve.kernels.sampling import masked_logits_row_ref
 
-    logits = torch.randn(64, generator=torch.Generator().manual_seed(1))
-    for t, k, p, m in ROWS[:5]:
-        req = SimpleNamespace(params=SimpleNamespace(temperature=t, top_k=k, top_p=p, min_p=m))
-        assert torch.equal(_mask_logits(logits, req), masked_logits_row_ref(logits, t, k, p, m))
+    logits = torch.randn(len(ROWS[:6]), 64, generator=torch.Generator().manual_seed(1))
+    reqs = [SimpleNamespace(params=SimpleNamespace(temperature=t, top_k=k, top_p=p, min_p=m, greedy=t == 0.0),
+                            generator=torch.Generator().manual_seed(i)) for i, (t, k, p, m) in enumerate(ROWS[:6])]
+    kept = [masked_logits_row_ref(logits[b], t, k, p, m).isfinite() if t > 0 else None
+            for b, (t, k, p, m) in enumerate(ROWS[:6])]
+    for _ in range(50):
+        tokens = sample(logits, reqs).tolist()
+        for b, token in enumerate(tokens):
+            assert token == int(logits[b].argmax()) if kept[b] is None else bool(kept[b][token])
 
 
 def test_greedy_rows_take_argmax_and_reproducible_draws():

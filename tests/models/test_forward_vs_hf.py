@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_reference import FAMILIES, build_reference
-from hybrid_serve.engine.forward_batch import ForwardBatch
+from hybrid_serve.models.forward_batch import ForwardBatch
 from hybrid_serve.mem_cache import KVPool, RequestRowTable, StatePool, StateSpec
 from hybrid_serve.models import load_model
 
@@ -35,7 +35,7 @@ def test_prefill_logits_match_transformers(family, tmp_path):
     chunks, logits = [(0, 7), (7, 30), (37, 8)], []
     with torch.no_grad():
         for prefix, n in chunks:
-            fb = ForwardBatch.build([row], [prefix], [n], table, kv_pool, state_pool)
+            fb = ForwardBatch.from_plan([row], [prefix], [n], table, kv_pool, state_pool)
             logits.append(model.compute_logits(model(ids[0, prefix:prefix + n], fb.positions, fb)))
     ours = torch.cat(logits)
     rel = ((ours - ref_logits).norm() / ref_logits.norm()).item()

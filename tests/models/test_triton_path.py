@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from hf_reference import FAMILIES
-from hybrid_serve.engine.forward_batch import ForwardBatch
+from hybrid_serve.models.forward_batch import ForwardBatch
 from hybrid_serve.mem_cache import KVPool, RequestRowTable, StatePool, StateSpec
 from hybrid_serve.models import load_model
-from hybrid_serve.models.layers.ops import KERNELS_ENV
+from hybrid_serve.kernels.switch import KERNELS_ENV
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.slow  # the interpreter runs every kernel in numpy: ~40 s for the file
@@ -52,7 +52,7 @@ def _run(model, steps, token_ids, force_triton, monkeypatch, device="cpu"):
     logits = []
     with torch.no_grad():
         for rows, prefix_lens, extend_lens in steps:
-            fb = ForwardBatch.build(rows, prefix_lens, extend_lens, table, kv_pool, state_pool)
+            fb = ForwardBatch.from_plan(rows, prefix_lens, extend_lens, table, kv_pool, state_pool)
             ids = torch.cat([token_ids[r][p:p + n] for r, p, n in zip(rows, prefix_lens, extend_lens)]).to(device)
             hidden = model(ids, fb.positions, fb)  # [T, H]
             logits.append(model.compute_logits(hidden[fb.logits_indices]))

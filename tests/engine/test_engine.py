@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hybrid_serve import LLM, SamplingParams
-from hybrid_serve.engine.forward_batch import ForwardBatch
+from hybrid_serve.models.forward_batch import ForwardBatch
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
@@ -31,7 +31,7 @@ def test_decode_step_writes_only_mapped_state_slots(model_dir):
     table.row_state_slot[1], table.row_state_slot[2] = 23, 31  # request rows [1, 2] -> state slots [23, 31]
     table.set_kv_slots(1, 0, torch.arange(16, 32))
     table.set_kv_slots(2, 0, torch.arange(32, 48))
-    fb = ForwardBatch.build([1, 2], [5, 9], [1, 1], table, runner.kv_pool, pool)
+    fb = ForwardBatch.from_plan([1, 2], [5, 9], [1, 1], table, runner.kv_pool, pool)
     assert fb.state_slots.tolist() == [23, 31]
     with torch.no_grad():
         llm.engine.model(torch.tensor([3, 4]), fb.positions, fb)
@@ -130,7 +130,7 @@ def test_cache_too_small_fails_at_start(model_dir):
 
 def test_start_decode_batch_leaves_a_pure_decode_batch(model_dir):
     """The benchmarks' setup: after it, every request has its prompt computed and decodes."""
-    from hybrid_serve.engine.engine import start_decode_batch
+    from hybrid_serve.engine.benchmarking import start_decode_batch
 
     engine = LLM(model=model_dir, dtype="float32", max_num_seqs=4, chunked_prefill_size=8).engine
     ids = start_decode_batch(engine, 3, 20, 10, token_high=200, seed=1)

@@ -3,20 +3,21 @@ build the ForwardBatch, run the model (a pure-decode step through a CUDA graph w
 captured, see cuda_graph.py), return the sampled rows' logits.
 
 Input id -1 in a plan means "the token sampled for this request row by the previous step",
-which is still on the device (`last_tokens`, written by `record_sampled`): the engine queues
-a step before it has read the previous step's tokens back (engine.py, "overlap"). Only rank 0
-samples; with tensor parallelism a plan with pending ids first broadcasts rank 0's
-`last_tokens` to the other ranks over the TP group (on the stream, no host sync).
+which is still on the device (`last_tokens`, indexed by request row, written by
+`record_sampled`): the engine queues a step before it has read the previous step's tokens
+back (engine.py, "overlap"). Only rank 0 samples; with tensor parallelism a plan with
+pending ids first broadcasts rank 0's `last_tokens` to the other ranks over the TP group
+(on the stream, no host sync).
 """
 from __future__ import annotations
 
 import torch
 
-from ..device_io import to_device
-from ..mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
-from ..models.layers.parallel import broadcast_from_rank0
+from ...device_io import to_device
+from ...distributed import broadcast_from_rank0
+from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
+from ...models.forward_batch import ForwardBatch
 from .cuda_graph import DecodeGraphs, decode_meta
-from .forward_batch import ForwardBatch
 from .step_plan import StepPlan
 
 
@@ -29,7 +30,7 @@ class ModelRunner:
         self.state_pool = state_pool
         self.req_table = req_table
         self.device = torch.device(device)
-        self.last_tokens = torch.zeros(req_table.num_rows + 1, dtype=torch.int64, device=self.device)  # by req row
+        self.last_tokens = torch.zeros(req_table.num_rows + 1, dtype=torch.int64, device=self.device)  # [rows+1]
         self.decode_graphs: DecodeGraphs | None = None
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda":
@@ -46,19 +47,23 @@ class ModelRunner:
 
     def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:
         """Any step: build the batch, resolve pending input ids, forward, LM head on the sampled rows."""
-        fb = ForwardBatch.build(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table, self.kv_pool,
-                                self.state_pool)
-        input_ids = to_device(plan.input_ids, torch.int64, self.device)
-        pending = [b for b in range(fb.batch_size) if plan.input_ids[fb.cu_seqlens[b + 1] - 1] < 0]
-        if pending:  # a pending token is its row's only token (the scheduler never chunks past one)
-            index = to_device([fb.cu_seqlens[b + 1] - 1 for b in pending], torch.int64, self.device)
-            rows = to_device([plan.req_rows[b] for b in pending], torch.int64, self.device)
-            input_ids[index] = self.last_tokens[rows]
+        fb = ForwardBatch.from_plan(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table, self.kv_pool,
+                                    self.state_pool)
+        input_ids = to_device(plan.input_ids, torch.int64, self.device)  # [T]
+        if plan.has_pending:  # a pending token is its row's only token (the scheduler never chunks past one)
+            last_token_of_row, cursor = [], 0
+            for n in plan.extend_lens:
+                cursor += n
+                last_token_of_row.append(cursor - 1)
+            pending_batch_rows = [b for b, t in enumerate(last_token_of_row) if plan.input_ids[t] < 0]
+            token_index = to_device([last_token_of_row[b] for b in pending_batch_rows], torch.int64, self.device)
+            req_rows = to_device([plan.req_rows[b] for b in pending_batch_rows], torch.int64, self.device)
+            input_ids[token_index] = self.last_tokens[req_rows]
         hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
         if not plan.sample_rows:
             return None
-        rows = to_device(plan.sample_rows, torch.int64, self.device)
-        return self.model.compute_logits(hidden[fb.logits_indices[rows]])  # [S, V]
+        sample_batch_rows = to_device(plan.sample_rows, torch.int64, self.device)
+        return self.model.compute_logits(hidden[fb.logits_indices[sample_batch_rows]])  # [S, V]
 
     def _logits_graph(self, plan: StepPlan, size: int) -> torch.Tensor:
         logits = self.decode_graphs.run(decode_meta(plan.req_rows, plan.prefix_lens, plan.input_ids, size))
@@ -83,5 +88,5 @@ class ModelRunner:
     def record_sampled(self, plan: StepPlan, tokens: torch.Tensor) -> None:
         """tokens [len(plan.sample_rows)] (device): remember them by request row, for the next
         step's pending input ids."""
-        rows = [plan.req_rows[b] for b in plan.sample_rows]
-        self.last_tokens[to_device(rows, torch.int64, self.device)] = tokens.to(self.device, torch.int64)
+        req_rows = [plan.req_rows[b] for b in plan.sample_rows]
+        self.last_tokens[to_device(req_rows, torch.int64, self.device)] = tokens.to(self.device, torch.int64)

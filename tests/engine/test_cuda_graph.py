@@ -8,7 +8,7 @@ import torch
 
 from hybrid_serve import LLM, SamplingParams
 from hybrid_serve.engine.config import EngineConfig
-from hybrid_serve.engine.cuda_graph import (
+from hybrid_serve.engine.runner.cuda_graph import (
     CAPTURE_SIZES, DecodeBuffers, decode_graph_max_batch, decode_meta, graph_sizes, padded_size,
 )
 from hybrid_serve.mem_cache import RequestRowTable
@@ -55,15 +55,15 @@ def test_buffers_build_the_batch_from_one_metadata_copy():
     sentinel = buffers.meta[12:].clone()
     flat = decode_meta([3, 1, 2], [9, 4, 6], [11, -1, 13], 4)
     assert buffers.load(flat) == 4
-    input_ids, fb = buffers.forward_batch(4, table, None, None, last_tokens, flat)
+    input_ids, fb = buffers.forward_batch(4, table, None, None, last_tokens)
 
     assert input_ids.tolist() == [11, 41, 13, 0]
     assert fb.positions.tolist() == [9, 4, 6, 0]
     assert fb.kv_slots.tolist() == [309, 104, 206, 0]
-    assert fb.state_slots.tolist() == [6, 7, 5, 0] and fb.state_slots_host == [6, 7, 5, 0]
-    assert fb.req_rows_t.tolist() == [3, 1, 2, 0] and fb.prefix_lens_t.tolist() == [9, 4, 6, 0]
-    assert fb.req_rows == [3, 1, 2, 0] and fb.prefix_lens == [9, 4, 6, 0]
-    assert fb.extend_lens_t.tolist() == [1] * 4 and fb.cu_seqlens_t.tolist() == [0, 1, 2, 3, 4]
+    assert fb.state_slots.tolist() == [6, 7, 5, 0] and fb.host.state_slots == [6, 7, 5, 0]
+    assert fb.req_rows.tolist() == [3, 1, 2, 0] and fb.prefix_lens.tolist() == [9, 4, 6, 0]
+    assert fb.host.req_rows == [3, 1, 2, 0] and fb.host.prefix_lens == [9, 4, 6, 0]
+    assert fb.extend_lens.tolist() == [1] * 4 and fb.cu_seqlens.tolist() == [0, 1, 2, 3, 4]
     assert fb.logits_indices.tolist() == [0, 1, 2, 3] and fb.max_extend_len == 1
     assert torch.equal(buffers.meta[12:], sentinel)  # rows past the size untouched
 
@@ -90,7 +90,8 @@ def _greedy_tokens(model_dir, graph_max_batch, force_triton, monkeypatch):
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("family, triton_too", [("qwen3_next", True), ("nemotron_h", False)])
+@pytest.mark.parametrize("family, triton_too", [pytest.param("qwen3_next", True, marks=pytest.mark.slow),
+                                               ("nemotron_h", False)])
 def test_padded_decode_path_gives_the_same_tokens(family, triton_too, reference_models, monkeypatch):
     """3, 2, then 1 running requests pad to sizes 4, 2, 1; padding must not disturb them. With
     `triton_too`, also through the kernels a graph captures (interpreter: slow, one family)."""

@@ -78,7 +78,7 @@ def test_dashboards_cover_the_issue_metrics():
     for metric in ["time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
                    "prompt_tokens_total", "generation_tokens_total", "requests_running", "requests_waiting",
                    "kv_cache_usage_ratio", "state_pool_usage_ratio", "prefix_cache_hit_tokens_total",
-                   "preemptions_total", "spec_decode_accepted_tokens_total", "router_decisions_total"]:
+                   "preemptions_total", "router_decisions_total"]:
         assert f"hybrid_serve_{metric}" in text, metric
     assert "histogram_quantile(0.99" in text and "by (le, replica)" in text
 

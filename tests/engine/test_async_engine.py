@@ -2,12 +2,13 @@
 back while streaming, abort on close, bad input before the first delta, a failing step
 fails every request and marks the engine dead."""
 import asyncio
-import types
 
 import pytest
 
 from hybrid_serve import LLM, SamplingParams
+from hybrid_serve.engine.admission import LoadView
 from hybrid_serve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from hybrid_serve.engine.validation import ModelLimits
 from hybrid_serve.metrics import EngineMetrics
 
 
@@ -114,12 +115,12 @@ class _BrokenEngine:
     """Takes requests, then every step raises."""
 
     def __init__(self):
-        self.max_model_len, self.hf_config, self.pending = 64, types.SimpleNamespace(vocab_size=10), []
+        self.limits, self.pending = ModelLimits(max_model_len=64, vocab_size=10), []
 
-    def validate_prompt(self, ids, params):
-        pass
+    def load_view(self):
+        return LoadView(len(self.pending), 0, 0, 1, 1, 1, 8)
 
-    def add_request(self, rid, ids, params):
+    def add_request(self, rid, ids, params, validated=False):
         self.pending.append(rid)
         return [rid]
 

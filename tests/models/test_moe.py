@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from hybrid_serve.models.layers.moe import FusedExperts, PerExpertWeightLoader, SparseMoeBlock
-from hybrid_serve.models.layers.parallel import set_tp_group
+from hybrid_serve.distributed import set_tp_group
 from hybrid_serve.models.layers.mlp import GatedMLP
 
 H, E, K, I, S = 24, 6, 2, 16, 20  # hidden, experts, top-k, expert intermediate, shared intermediate

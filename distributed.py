@@ -1,16 +1,25 @@
-"""Tensor-parallel context of this process (one process = one shard).
+"""Tensor-parallel context of this process (one process = one shard of a replica).
 
-tp_size=1 unless `set_tp_group` was called (by the shard worker at start-up).
+tp_size is 1 unless `set_tp_group` was called (by `cluster.process_group.init_tp_group`
+at start-up). `tp_context` sets a context for a block and restores the previous one, for
+code that builds a model as another rank would (the loader's meta-device passes)::
+
+    with tp_context(rank=0, size=4):
+        model = cls(hf_config)   # rank 0's shapes of a tp=4 model, no group needed
+
+Collectives are no-ops at tp_size 1, so layers call them unconditionally.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 
-@dataclass
+@dataclass(frozen=True)
 class TPContext:
     rank: int = 0
     size: int = 1
@@ -22,7 +31,25 @@ _TP = TPContext()
 
 def set_tp_group(rank: int, size: int, group: object | None) -> None:
     global _TP
+    if not 0 <= rank < size:
+        raise ValueError(f"tp rank {rank} outside [0, {size})")
     _TP = TPContext(rank=rank, size=size, group=group)
+
+
+def current_tp_context() -> TPContext:
+    return _TP
+
+
+@contextmanager
+def tp_context(rank: int, size: int, group: object | None = None) -> Iterator[TPContext]:
+    """Run a block under another TP context (rank, size, group); the previous one is
+    restored afterwards, also when the block raises."""
+    saved = _TP
+    set_tp_group(rank, size, group)
+    try:
+        yield _TP
+    finally:
+        set_tp_group(saved.rank, saved.size, saved.group)
 
 
 def tp_rank() -> int:

@@ -35,6 +35,13 @@ def test_pure_attention_matches_any_node_and_lock_blocks_eviction():
     assert sorted(tree.evict_kv(10)[0]) == [5, 6]
 
 
+def _depth_tokens(node) -> int:
+    """Tokens on the path from the root to `node`."""
+    n = 0
+    while node is not None:
+        n, node = n + len(node.tokens), node.parent
+    return n
+
 class RadixMachine(RuleBasedStateMachine):
     """Random operations against a tree plus page/slot allocators, as the cache manager uses them."""
 
@@ -59,7 +66,7 @@ class RadixMachine(RuleBasedStateMachine):
         self.pages.free([p for p, t in zip(pages, res.pages) if p != t])  # ours duplicated the tree's
         if res.duplicate_state_slot is not None:
             self.slots.free([res.duplicate_state_slot])
-        assert res.node.depth_tokens() == len(tokens)
+        assert _depth_tokens(res.node) == len(tokens)
         return tokens
 
     @rule(tokens=inserted, extra=seqs, cut=st.integers(0, 10), lock=st.booleans())

@@ -14,8 +14,9 @@ from hybrid_serve.deploy.ingress import create_app
 from hybrid_serve.deploy.protocol import ChatCompletionRequest, CompletionRequest
 from hybrid_serve.deploy.server import LLMServerImpl
 from hybrid_serve.deploy.serving import LocalBackend, OpenAIServing
+from hybrid_serve.engine.admission import LoadView
 from hybrid_serve.engine.async_engine import EngineDeadError, ModelInfo, RequestDelta, SeqDelta
-from hybrid_serve.engine.llm import load_tokenizer
+from hybrid_serve.engine.tokenizer import load_tokenizer
 
 MAX_LEN, VOCAB = 64, 4096
 
@@ -30,11 +31,7 @@ class FakeEngine:
     def model_info(self):
         return ModelInfo("fake", MAX_LEN, VOCAB)
 
-    def validate(self, ids, params):
-        if len(ids) + params.max_tokens > MAX_LEN:
-            raise ValueError("too long for the fake")
-
-    async def generate(self, ids, params, request_id):
+    async def generate(self, ids, params, request_id, validated=False):
         self.requests.append((request_id, list(ids), params))
         steps = min(len(self.script), params.max_tokens)
         for step in range(steps):
@@ -49,7 +46,8 @@ class FakeEngine:
         pass
 
     def load(self):
-        return 0, self.waiting
+        return LoadView(num_running=0, num_waiting=self.waiting, num_waiting_tokens=0, num_free_req_rows=8,
+                        num_free_state_slots=8, num_free_kv_pages=8, max_num_seqs=8)
 
     def check_health(self):
         if self.dead:

@@ -3,7 +3,8 @@ import torch
 
 from hybrid_serve.engine.detokenizer import IncrementalDetokenizer
 from hybrid_serve.engine.request import Request
-from hybrid_serve.engine.sampler import _mask_logits, mask_early_stops, record_logprobs, sample
+from hybrid_serve.engine.sampler import mask_early_stops, record_logprobs, sample
+from hybrid_serve.kernels.sampling import masked_logits_row_ref
 from hybrid_serve.engine.sampling_params import SamplingParams
 
 
@@ -54,7 +55,10 @@ def _req(**kw):
 
 def test_top_k_top_p_min_p_masks():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    kept = lambda **kw: (_mask_logits(logits, _req(**kw)) > float("-inf")).nonzero().flatten().tolist()
+    def kept(**kw):  # the rule the engine samples with (engine/sampler.py uses the kernels' reference)
+        p = _req(**kw).params
+        masked = masked_logits_row_ref(logits, p.temperature, p.top_k, p.top_p, p.min_p)
+        return (masked > float("-inf")).nonzero().flatten().tolist()
     assert kept(top_k=2) == [0, 1]
     assert kept(top_p=0.8) == [0, 1]
     assert kept(top_p=0.81) == [0, 1, 2]

@@ -13,8 +13,9 @@ device copy fills::
                              req_to_token[0, 0] = 0, state slot row_state_slot[0] = 0
                              (row 0, KV slot 0 and state slot 0 are the dummies: DESIGN.md)
 
-Inside the graph: the ForwardBatch (KV slots and state slots looked up in the request-row
-table, pending input ids resolved), the forward and the LM head, giving logits [size, V].
+Inside the graph: the ForwardBatch (`ForwardBatch.build`, the builder every step uses: KV
+slots and state slots looked up in the request-row table), the pending input ids
+resolved, the forward and the LM head, giving logits [size, V].
 Every shape follows from `size` (T = B = size, max_extend_len = 1) and the kernel path of
 models/layers/ops.py reads device tensors only, so nothing syncs with the host. Anything
 else (prefill chunks, verify, bigger batches, CPU) runs eagerly.
@@ -23,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from ..device_io import pinned
-from ..mem_cache import KVPool, RequestRowTable, StatePool
-from .forward_batch import ForwardBatch
+from ...device_io import pinned
+from ...mem_cache import KVPool, RequestRowTable, StatePool
+from ...models.forward_batch import ForwardBatch
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 
@@ -62,9 +63,8 @@ class DecodeBuffers:
         self.max_batch = max_batch
         self.meta = torch.zeros(3 * max_batch, **i64)  # req_rows | positions | input_ids of the step's size
         # the same for every decode step: one token per row
-        self.extend_lens_t = torch.ones(max_batch, **i32)
-        self.cu_seqlens_t = torch.arange(max_batch + 1, **i32)
-        self.logits_indices = torch.arange(max_batch, **i64)
+        self.extend_lens = torch.ones(max_batch, **i32)
+        self.cu_seqlens = torch.arange(max_batch + 1, **i32)
 
     def load(self, flat_meta: list[int]) -> int:
         """Copy `decode_meta(...)` into meta[:3 * size] (one async copy). Returns size."""
@@ -75,24 +75,14 @@ class DecodeBuffers:
         return size
 
     def forward_batch(self, size: int, table: RequestRowTable, kv_pool: KVPool | None, state_pool: StatePool | None,
-                      last_tokens: torch.Tensor, host_meta: list[int] | None = None
-                      ) -> tuple[torch.Tensor, ForwardBatch]:
-        """(input_ids [size], ForwardBatch) of meta[:3 * size], computed with device ops only (this
-        is what a graph captures). `host_meta` fills the host lists the reference kernels read
-        (CPU); without it they are placeholders, which the kernel path never reads."""
+                      last_tokens: torch.Tensor) -> tuple[torch.Tensor, ForwardBatch]:
+        """(input_ids [size], ForwardBatch) of meta[:3 * size], built with device ops only by
+        the one ForwardBatch builder (this is what a graph captures)."""
         req_rows, positions, ids = self.meta[: 3 * size].view(3, size)
         input_ids = torch.where(ids >= 0, ids, last_tokens[req_rows])
-        kv_slots = table.req_to_token[req_rows, positions].long()
-        state_slots = table.row_state_slot[req_rows]
-        rows_host = host_meta[:size] if host_meta is not None else [0] * size
-        prefix_host = host_meta[size : 2 * size] if host_meta is not None else [0] * size
-        fb = ForwardBatch(
-            req_rows=rows_host, prefix_lens=prefix_host, extend_lens=[1] * size, cu_seqlens=list(range(size + 1)),
-            max_extend_len=1, positions=positions, kv_slots=kv_slots, state_slots=state_slots,
-            logits_indices=self.logits_indices[:size], cu_seqlens_t=self.cu_seqlens_t[:size + 1],
-            prefix_lens_t=positions.int(), extend_lens_t=self.extend_lens_t[:size], req_rows_t=req_rows.int(),
-            kv_pool=kv_pool, state_pool=state_pool, req_to_token=table.req_to_token,
-            _state_slots_host=state_slots.tolist() if host_meta is not None else None)
+        fb = ForwardBatch.build(req_rows.int(), positions.int(), self.extend_lens[:size], self.cu_seqlens[: size + 1],
+                                num_tokens=size, max_extend_len=1, table=table, kv_pool=kv_pool,
+                                state_pool=state_pool)
         return input_ids, fb
 
 
@@ -115,9 +105,9 @@ class DecodeGraphs:
     def padded_size(self, extend_lens: list[int]) -> int | None:
         return padded_size(extend_lens, self.sizes)
 
-    def _logits(self, size: int, host_meta: list[int] | None = None) -> torch.Tensor:
+    def _logits(self, size: int) -> torch.Tensor:
         input_ids, fb = self.buffers.forward_batch(size, self.table, self.kv_pool, self.state_pool,
-                                                   self.last_tokens, host_meta)
+                                                   self.last_tokens)
         return self.model.compute_logits(self.model(input_ids, fb.positions, fb))
 
     @torch.inference_mode()
@@ -141,7 +131,7 @@ class DecodeGraphs:
         size = self.buffers.load(flat_meta)
         graph = self.graphs.get(size)
         if graph is None:  # not captured (CPU): the same function, eagerly
-            return self._logits(size, flat_meta)
+            return self._logits(size)
         graph.replay()
         return self.outputs[size]
 

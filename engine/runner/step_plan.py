@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..mem_cache import CacheOps
+from ...mem_cache import CacheOps
 
 
 @dataclass

@@ -6,30 +6,22 @@
     outs = llm.generate(["a prompt", ...] or [[token ids], ...], SamplingParams(max_tokens=32, temperature=0.0))
     outs[i].outputs[0].token_ids, .text, .finish_reason   # "stop" | "length"
 
-`LLM()` with no model runs the built-in demo model (random weights, real tokenizer).
+`LLM()` with no model runs the built-in demo model (random weights, real tokenizer). One
+replica at tp_size 1 runs in this process (`engine.LLMEngine`); more replicas or shards run
+as Ray actors (`actors.offline.ReplicaSet`), the same engine behind each.
 """
 from __future__ import annotations
 
-import os
 from typing import Sequence, Union
 
-from .config import EngineConfig
-from .engine import LLMEngine, run_batch, validate_prompt
-from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+from .engine.batch import BatchItem, run_batch
+from .engine.config import EngineConfig
+from .engine.outputs import RequestOutput
+from .engine.sampling_params import SamplingParams
+from .engine.tokenizer import load_tokenizer
+from .engine.validation import validate_prompt
 
 PromptType = Union[str, Sequence[int]]
-
-
-def load_tokenizer(path: str | None):
-    """A transformers tokenizer from `path`, or None when the directory has no tokenizer files."""
-    if path is None or not any(
-        os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-    ):
-        return None
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 class LLM:
@@ -40,24 +32,25 @@ class LLM:
     def __init__(self, model: str | None = None, tokenizer: str | None = None, tp_size: int = 1,
                  num_replicas: int = 1, **engine_args) -> None:
         if model is None:
-            from ..demo import DEMO_DIR, DEMO_SEED
+            from .demo import DEMO_DIR, DEMO_SEED
 
             model = DEMO_DIR
             engine_args.setdefault("load_format", "dummy")
             engine_args.setdefault("seed", DEMO_SEED)
         self.config = EngineConfig(model=model, tokenizer=tokenizer, **engine_args)
         self.tokenizer = load_tokenizer(tokenizer or model)
-        self.engine: LLMEngine | None = None
+        self.engine = None
         self.replicas = None
         if tp_size == 1 and num_replicas == 1:
+            from .engine.engine import LLMEngine
+
             self.engine = LLMEngine(self.config, self.tokenizer)
-            self._limits = {"max_model_len": self.engine.max_model_len,
-                            "vocab_size": self.engine.hf_config.vocab_size}
+            self.limits = self.engine.limits
         else:
-            from ..actors.offline import ReplicaSet  # Ray only when asked for
+            from .actors.offline import ReplicaSet  # Ray only when asked for
 
             self.replicas = ReplicaSet(self.config, tp_size, num_replicas)
-            self._limits = self.replicas.limits
+            self.limits = self.replicas.limits
         self._counter = 0
 
     def shutdown(self) -> None:
@@ -87,7 +80,8 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for every prompt; outputs come back in prompt order. Every prompt is
-        validated before any is queued, so a bad one raises ValueError and queues nothing."""
+        validated before any is queued, so a bad one raises ValueError and queues nothing.
+        `use_tqdm` shows a progress bar over finished requests (in-process engine)."""
         prompts = self._normalize(prompts)
         params = sampling_params or SamplingParams()
         params_list = params if isinstance(params, list) else [params] * len(prompts)
@@ -95,13 +89,18 @@ class LLM:
             raise ValueError(f"{len(params_list)} sampling params for {len(prompts)} prompts")
         encoded = [self._token_ids(p) for p in prompts]
         for (_, ids), p in zip(encoded, params_list):
-            validate_prompt(ids, p, self._limits["vocab_size"], self._limits["max_model_len"])
+            validate_prompt(ids, p, self.limits)
         items = []
         for (_, ids), p in zip(encoded, params_list):
-            items.append((str(self._counter), ids, p))
+            items.append(BatchItem(str(self._counter), ids, p))
             self._counter += 1
-        results = run_batch(self.engine, items) if self.engine is not None else self.replicas.generate(items)
-        return [self._output(rid, text, ids, results[rid]) for (rid, ids, _), (text, _) in zip(items, encoded)]
+        if self.engine is not None:
+            results = run_batch(self.engine, items, validated=True, progress=use_tqdm)
+        else:
+            results = self.replicas.generate(items)
+        for item, (text, _) in zip(items, encoded):
+            results[item.request_id].prompt = text
+        return [results[item.request_id] for item in items]
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix that no running request uses (in-process engine)."""
@@ -113,17 +112,3 @@ class LLM:
             raise ValueError("this model directory has no tokenizer, so no chat template")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.generate([text], sampling_params)[0]
-
-    def _output(self, request_id: str, text: str | None, ids: list[int], result: dict) -> RequestOutput:
-        if "error" in result:
-            return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, finished=True,
-                                 outputs=[CompletionOutput(index=0, text="", token_ids=[], finish_reason="error")],
-                                 error=result["error"])
-        outputs = result["outputs"]
-        if self.tokenizer is not None:
-            for out in outputs:
-                for entry in out.logprobs or []:
-                    for token_id, lp in entry.items():
-                        lp.decoded_token = self.tokenizer.decode([token_id])
-        return RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids, outputs=outputs,
-                             finished=True, num_cached_tokens=result["num_cached_tokens"])

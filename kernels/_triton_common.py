@@ -1,0 +1,17 @@
+"""@triton.jit helpers the varlen state kernels share (triton imported here, unlike _common.py)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+
+
+@triton.jit
+def varlen_row(cu_ptr, slots_ptr, b, num_slots):
+    """Batch row b of a varlen batch: its tokens [start, end) from cu_seqlens, its state slot,
+    and whether that slot is a real pool row (a negative or out-of-range slot has none)."""
+    start = tl.load(cu_ptr + b).to(tl.int64)
+    end = tl.load(cu_ptr + b + 1).to(tl.int64)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    return start, end, slot, (slot >= 0) & (slot < num_slots)

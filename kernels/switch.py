@@ -1,0 +1,55 @@
+"""The kernel switch: which implementation an op runs, read from the environment at every
+call (so one test process can flip it).
+
+    HYBRID_SERVE_KERNELS=auto|triton|ref   auto (default): Triton on CUDA tensors (when triton
+                                           is installed), the torch references elsewhere;
+                                           `ref` gives the reference path on a GPU too; `triton`
+                                           forces the kernels (CPU tensors then need
+                                           TRITON_INTERPRET=1 before the kernels are imported)
+    HYBRID_SERVE_SKINNY_ROWS=N             inputs of up to N rows (default 1: batch-1 decode)
+                                           stream their linear's weight through kernels/linear;
+                                           0 sends every linear to cuBLAS (A/B runs)
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ._common import HAS_TRITON
+
+KERNELS_ENV = "HYBRID_SERVE_KERNELS"
+SKINNY_ROWS_ENV = "HYBRID_SERVE_SKINNY_ROWS"
+# Rows of x sent to kernels/linear by default: batch-1 decode. On an H100 (benchmarks/
+# linear_sweep.py, weights cold) it streams the 2.3B model's decode weights in 1572 us against
+# cuBLAS's 1754 us at one row, but loses from two rows on (1788 vs 1749 us), where cuBLAS's
+# tensor-core tiles read each weight once for all rows.
+SKINNY_DEFAULT_ROWS = 1
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Kernel path for `t`: Triton on CUDA (when installed), the torch reference elsewhere;
+    HYBRID_SERVE_KERNELS=triton or =ref forces one (e.g. the fp32 reference on a GPU)."""
+    choice = os.environ.get(KERNELS_ENV, "auto")
+    if choice == "triton":
+        return True  # without triton the kernel stubs raise, naming what is missing
+    if choice == "ref":
+        return False
+    if choice != "auto":
+        raise ValueError(f"{KERNELS_ENV} must be auto, triton or ref, got {choice!r}")
+    return HAS_TRITON and t.is_cuda
+
+
+def skinny_rows_limit() -> int:
+    """Most rows of x that go to the weight-streaming linear kernel: SKINNY_DEFAULT_ROWS, or
+    HYBRID_SERVE_SKINNY_ROWS (0 = off, at most kernels.linear's SKINNY_MAX_ROWS)."""
+    value = os.environ.get(SKINNY_ROWS_ENV)
+    if value is None:
+        return SKINNY_DEFAULT_ROWS
+    try:
+        rows = int(value)
+    except ValueError:
+        raise ValueError(f"{SKINNY_ROWS_ENV} must be an integer, got {value!r}") from None
+    from .linear import SKINNY_MAX_ROWS  # imports triton: only when the variable is set
+
+    return max(0, min(rows, SKINNY_MAX_ROWS))

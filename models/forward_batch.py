@@ -1,0 +1,116 @@
+"""ForwardBatch: everything a forward needs about the step, built once per step.
+
+Requests are laid out back to back (batch rows 0..B-1)::
+
+    tokens : | row 0: extend_lens[0] | row 1: extend_lens[1] | ... |      T = sum(extend_lens)
+    cu_seqlens[b] .. cu_seqlens[b+1]-1 are batch row b's tokens
+    positions of batch row b: prefix_lens[b] .. prefix_lens[b]+extend_lens[b]-1
+
+Namespaces: `req_rows` index the request-row table, `state_slots` the state pool,
+`kv_slots` the KV pool, batch rows the rows of this batch. The request-row -> state-slot
+lookup happens in `build`, once per step; layers only read `state_slots`.
+
+Every field is a device tensor, built with device ops only (`build`), so the decode forward
+can be captured in a CUDA graph, which rebuilds its batch in place every replay
+(engine/runner/cuda_graph.py). The reference kernels (CPU path) read host lists instead:
+`fb.host`, copied once per step from the device tensors (free on CPU; a sync on CUDA,
+where only HYBRID_SERVE_KERNELS=ref takes that path).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..device_io import to_device
+from ..mem_cache import KVPool, RequestRowTable, StatePool
+
+
+@dataclass(frozen=True)
+class HostView:
+    """Host copies of a ForwardBatch's per-row metadata, for the reference kernels."""
+
+    req_rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    cu_seqlens: list[int]  # [B+1]
+    state_slots: list[int]
+
+
+@dataclass
+class ForwardBatch:
+    # --- per batch row, set by `build` from the step's plan (device tensors)
+    req_rows: torch.Tensor  # [B] int32, request rows
+    prefix_lens: torch.Tensor  # [B] int32, tokens of the request already in the pools
+    extend_lens: torch.Tensor  # [B] int32, tokens computed this step
+    cu_seqlens: torch.Tensor  # [B+1] int32, first token of each batch row, then T
+    state_slots: torch.Tensor  # [B] int32, looked up in the request-row table (the one lookup per step)
+    logits_indices: torch.Tensor  # [B] int64, last token of each batch row
+    # --- per token, set by `build` (device tensors)
+    positions: torch.Tensor  # [T] int64
+    kv_slots: torch.Tensor  # [T] int64, where each new token's K/V is written
+    # --- host facts that fix the shapes, set by the caller of `build`
+    num_tokens: int  # T
+    max_extend_len: int  # max(extend_lens); 1 for a pure decode step (the CUDA-graph case)
+    # --- this shard's pools and table, referenced for the duration of the forward
+    kv_pool: KVPool | None
+    state_pool: StatePool | None
+    req_to_token: torch.Tensor  # [rows+1, max_context] int32
+    _host: HostView | None = field(default=None, repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.req_rows.shape[0]
+
+    @property
+    def host(self) -> HostView:
+        """Host lists of the per-row metadata (reference kernels only; syncs once on CUDA)."""
+        if self._host is None:
+            self._host = HostView(self.req_rows.tolist(), self.prefix_lens.tolist(), self.extend_lens.tolist(),
+                                  self.cu_seqlens.tolist(), self.state_slots.tolist())
+        return self._host
+
+    @classmethod
+    def build(cls, req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
+              cu_seqlens: torch.Tensor, num_tokens: int, max_extend_len: int, table: RequestRowTable,
+              kv_pool: KVPool | None, state_pool: StatePool | None) -> "ForwardBatch":
+        """The one builder: per-row metadata [B] (int32, on the table's device) in, the
+        batch out, computed with device ops only (what a CUDA graph captures).
+        `max_extend_len` 1 (pure decode) skips the token -> row expansion."""
+        if max_extend_len == 1:  # one token per row: token t is batch row t
+            positions = prefix_lens.long()  # [T = B]
+            token_req_rows = req_rows
+        else:
+            batch = req_rows.shape[0]
+            row_of_token = torch.repeat_interleave(  # [T] batch row of each token
+                torch.arange(batch, device=req_rows.device), extend_lens, output_size=num_tokens)
+            offsets = torch.arange(num_tokens, device=req_rows.device) - cu_seqlens[row_of_token]  # [T]
+            positions = (prefix_lens[row_of_token] + offsets).long()  # [T]
+            token_req_rows = req_rows[row_of_token]  # [T]
+        return cls(
+            req_rows=req_rows, prefix_lens=prefix_lens, extend_lens=extend_lens, cu_seqlens=cu_seqlens,
+            state_slots=table.row_state_slot[req_rows], logits_indices=(cu_seqlens[1:] - 1).long(),
+            positions=positions, kv_slots=table.req_to_token[token_req_rows, positions].long(),
+            num_tokens=num_tokens, max_extend_len=max_extend_len, kv_pool=kv_pool, state_pool=state_pool,
+            req_to_token=table.req_to_token)
+
+    @classmethod
+    def from_plan(cls, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int], table: RequestRowTable,
+                  kv_pool: KVPool | None, state_pool: StatePool | None) -> "ForwardBatch":
+        """`build` from a step plan's host lists (one per batch row), copied to the device in
+        one asynchronous copy; the host view comes from the lists (no sync)."""
+        if not (len(req_rows) == len(prefix_lens) == len(extend_lens)) or not req_rows:
+            raise ValueError("req_rows, prefix_lens and extend_lens must be non-empty and of equal length")
+        if min(extend_lens) < 1:
+            raise ValueError(f"extend_lens must be >= 1, got {extend_lens}")
+        batch = len(req_rows)
+        cu = [0]
+        for n in extend_lens:
+            cu.append(cu[-1] + n)
+        meta = to_device(req_rows + prefix_lens + extend_lens + cu, torch.int32, table.req_to_token.device)
+        req_rows_t, prefix_lens_t, extend_lens_t, cu_t = meta.split([batch, batch, batch, batch + 1])
+        fb = cls.build(req_rows_t, prefix_lens_t, extend_lens_t, cu_t, cu[-1], max(extend_lens), table, kv_pool,
+                       state_pool)
+        if not fb.state_slots.is_cuda:  # the host view is free here; on CUDA it waits for first use
+            fb._host = HostView(list(req_rows), list(prefix_lens), list(extend_lens), cu, fb.state_slots.tolist())
+        return fb

@@ -1,0 +1,7 @@
+"""Placement across replicas: Ray-free policies (`policy.py`) and the per-replica prefix
+index contract (`prefix_index.py`). Plain classes; the Serve RequestRouter (deploy/) and
+the Router actor (actors/) wrap them, so everything here is testable without Ray."""
+from .policy import Placement, PlacementPolicy, PowerOfTwoChoices, ReplicaStats, RoutingRequest
+from .prefix_index import PrefixIndex
+
+__all__ = ["Placement", "PlacementPolicy", "PowerOfTwoChoices", "PrefixIndex", "ReplicaStats", "RoutingRequest"]
