@@ -207,6 +207,7 @@ class LLMEngine:
             plan.input_ids.extend(ids)
             if chunk.samples:
                 plan.sample_rows.append(batch_row)
+            plan.checkpoints.extend((batch_row, offset, slot) for offset, slot in chunk.checkpoints)
         return plan
 
     def reset_prefix_cache(self) -> None:

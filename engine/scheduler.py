@@ -2,8 +2,9 @@
 
 There are no prefill/decode phases: a request needs `num_tokens_to_compute` tokens (its
 prompt at first, one token once decoding). Each step:
-  1. running requests, oldest first, get min(needed, chunked_prefill_size, budget left),
-     cut so that a chunk ends on the next state-checkpoint position;
+  1. running requests, oldest first, get min(needed, chunked_prefill_size, budget left);
+     a chunk is never cut at a state checkpoint: the checkpoints inside it are written by
+     the state kernels straight into their slots (`ScheduledChunk.checkpoints`);
   2. waiting requests are admitted (FIFO, reusing the longest cached prefix) while the
      budget allows, `Admission.can_start` says yes (max_num_seqs, free rows) and the cache
      manager finds a state slot and KV pages.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..mem_cache import CacheManager
 from .admission import Admission, LoadView
@@ -27,6 +28,9 @@ from .request import Request, RequestStatus
 class ScheduledChunk:
     request: Request
     num_tokens: int
+    # (offset inside the chunk, state slot): the state after `offset` of its tokens goes to
+    # the slot (0 < offset < num_tokens; a checkpoint at the chunk's end is a post-step copy)
+    checkpoints: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
@@ -60,23 +64,27 @@ class Scheduler:
                         num_free_kv_pages=cache.pages.num_free, max_num_seqs=self.admission.max_num_seqs)
 
     # ----- chunking ----------------------------------------------------------------------
-    def _checkpoint_positions(self, req: Request) -> tuple[int, int]:
-        """(next multiple of the interval after what is computed, the prompt-end checkpoint:
-        the last page boundary before the prompt's last token)."""
-        done = req.num_computed_tokens
-        return (done // self.interval + 1) * self.interval, (req.prompt_len - 1) // self.page_size * self.page_size
+    def _checkpoint_positions(self, req: Request, start: int, end: int) -> list[int]:
+        """State-checkpoint positions in (start, end]: the multiples of the interval, and the
+        prompt-end checkpoint (the last page boundary before the prompt's last token)."""
+        positions = set(range((start // self.interval + 1) * self.interval, end + 1, self.interval))
+        prompt_end = (req.prompt_len - 1) // self.page_size * self.page_size
+        if start < prompt_end <= end:
+            positions.add(prompt_end)
+        return sorted(positions)
 
     def _chunk_len(self, req: Request, budget: int) -> int:
-        n = min(req.num_tokens_to_compute, self.config.chunked_prefill_size, budget)
-        if self.config.enable_prefix_cache:
-            done = req.num_computed_tokens
-            for target in self._checkpoint_positions(req):
-                if done < target < done + n:
-                    n = target - done
-        return n
+        return min(req.num_tokens_to_compute, self.config.chunked_prefill_size, budget)
 
-    def _is_checkpoint(self, req: Request, position: int) -> bool:
-        return position % self.interval == 0 or position in self._checkpoint_positions(req)
+    def _schedule_checkpoints(self, chunk: ScheduledChunk) -> None:
+        """Give the chunk's checkpoint positions their slots: inside the chunk the kernels
+        write them, at its end the state is copied after the step."""
+        req, start = chunk.request, chunk.request.num_computed_tokens
+        end = start + chunk.num_tokens
+        for position in self._checkpoint_positions(req, start, end):
+            slot = self.cache.schedule_checkpoint(req.alloc, position, copy_after_step=position == end)
+            if slot is not None and position < end:
+                chunk.checkpoints.append((position - start, slot))
 
     # ----- the step ----------------------------------------------------------------------
     def schedule(self) -> list[ScheduledChunk]:
@@ -120,10 +128,9 @@ class Scheduler:
             budget -= n
             view = replace(view, num_running=view.num_running + 1, num_waiting=view.num_waiting - 1,
                            num_free_req_rows=self.cache.rows.num_free)
-        for chunk in plan:
-            end = chunk.request.num_computed_tokens + chunk.num_tokens
-            if self.config.enable_prefix_cache and self._is_checkpoint(chunk.request, end):
-                self.cache.schedule_checkpoint(chunk.request.alloc, end)
+        if self.config.enable_prefix_cache:
+            for chunk in plan:
+                self._schedule_checkpoints(chunk)
         return plan
 
     def _ensure_kv_or_preempt(self, req: Request, n: int) -> bool:
@@ -151,8 +158,8 @@ class Scheduler:
             if req.finished:
                 continue
             req.num_computed_tokens += chunk.num_tokens
-            if req.alloc.pending_checkpoint is not None:
-                self.cache.commit_checkpoint(req.alloc, req.token_ids)
+            if req.alloc.pending_checkpoints:
+                self.cache.commit_checkpoints(req.alloc, req.token_ids)
 
     def finish(self, request: Request) -> None:
         """Release a finished (or aborted) request's holdings and drop it from the queues."""

@@ -108,6 +108,15 @@ def verify_scratch(name: str, scratch: torch.Tensor | None, step_shape: tuple[in
     return scratch
 
 
+def host_ints(values: list[int], device: torch.device | str, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host list as an integer tensor on `device`, copied without blocking the host on
+    CUDA (pinned staging: a plain copy from pageable memory would sync the stream)."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def check_launch_device(name: str, t: torch.Tensor) -> None:
     """Triton kernels run on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1."""
     if t.device.type == "cuda" or (t.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") == "1"):

@@ -8,7 +8,8 @@ A request's holdings (`RequestAlloc`)::
     [0, num_tree_pages)          owned by the radix tree (shared, protected by the lock)
     [num_tree_pages, len(pages)) owned by the request (freed on release)
     state_slot  : its own state slot (a prefix hit copies the checkpoint into it)
-    pending_checkpoint : (position, state slot) snapshot taken after this step's forward
+    pending_checkpoints : (position, state slot) snapshots this step takes, in position order
+                  (inside the step's tokens the kernels write them; at its end a post-op copy)
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class RequestAlloc:
     lock_node: RadixNode
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
-    pending_checkpoint: tuple[int, int] | None = None
+    pending_checkpoints: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -148,21 +149,30 @@ class CacheManager:
         alloc.pages.extend(pages)
         return True
 
-    def schedule_checkpoint(self, alloc: RequestAlloc, position: int) -> None:
-        """After this step's forward, snapshot the request's state (which will then be the
-        state after `position` tokens) into a checkpoint slot. Skipped if no slot is free."""
-        if not self.enable_prefix_cache or position % self.page_size or alloc.pending_checkpoint is not None:
-            return
+    def schedule_checkpoint(self, alloc: RequestAlloc, position: int, copy_after_step: bool) -> int | None:
+        """Take a state checkpoint of the request at `position` this step: returns the slot it
+        goes to (None, and nothing taken, if it is not a page boundary or no slot is free).
+        With `copy_after_step` (the position is the step's last) the request's slot is copied
+        into it after the forward; otherwise the state kernels write it during the forward."""
+        if not self.enable_prefix_cache or position % self.page_size:
+            return None
+        if any(p == position for p, _ in alloc.pending_checkpoints):
+            return None
         slot = self._alloc_state_slot()
         if slot is None:
-            return
-        self.post_ops.copy(alloc.state_slot, slot)
-        alloc.pending_checkpoint = (position, slot)
+            return None
+        if copy_after_step:
+            self.post_ops.copy(alloc.state_slot, slot)
+        alloc.pending_checkpoints.append((position, slot))
+        return slot
 
-    def commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int]) -> None:
-        """The step ran: donate the pending snapshot and the KV before it to the tree."""
-        position, slot = alloc.pending_checkpoint
-        alloc.pending_checkpoint = None
+    def commit_checkpoints(self, alloc: RequestAlloc, token_ids: list[int]) -> None:
+        """The step ran: donate each pending snapshot, and the KV before it, to the tree."""
+        pending, alloc.pending_checkpoints = alloc.pending_checkpoints, []
+        for position, slot in sorted(pending):
+            self._commit_checkpoint(alloc, token_ids, position, slot)
+
+    def _commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int], position: int, slot: int) -> None:
         num_pages = position // self.page_size
         result = self.tree.insert(token_ids[:position], alloc.pages[:num_pages], slot)
         self.stats.checkpoints_taken += 1
@@ -183,8 +193,7 @@ class CacheManager:
     def release(self, alloc: RequestAlloc) -> None:
         if self._allocs.pop(alloc.req_row, None) is not alloc:
             raise ValueError(f"request row {alloc.req_row} is not held")
-        if alloc.pending_checkpoint is not None:
-            self.state_slots.free([alloc.pending_checkpoint[1]])
+        self.state_slots.free([slot for _, slot in alloc.pending_checkpoints])
         self.tree.unlock(alloc.lock_node)
         self.pages.free(alloc.pages[alloc.num_tree_pages:])
         self.state_slots.free([alloc.state_slot])
@@ -211,7 +220,7 @@ class CacheManager:
         allocs = list(self._allocs.values())
         self.tree.check_integrity()
         self.pages.check_integrity(self.tree.held_pages() + [p for a in allocs for p in a.pages[a.num_tree_pages:]])
-        pending = [a.pending_checkpoint[1] for a in allocs if a.pending_checkpoint is not None]
+        pending = [slot for a in allocs for _, slot in a.pending_checkpoints]
         self.state_slots.check_integrity(self.tree.held_state_slots() + [a.state_slot for a in allocs] + pending)
         self.rows.check_integrity([a.req_row for a in allocs])
         assert self.tree.root.lock_ref == 1 + len(allocs), "radix locks do not match the running requests"

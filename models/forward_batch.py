@@ -14,7 +14,9 @@ Every field is a device tensor, built with device ops only (`build`), so the dec
 can be captured in a CUDA graph, which rebuilds its batch in place every replay
 (engine/runner/cuda_graph.py). The reference kernels (CPU path) read host lists instead:
 `fb.host`, copied once per step from the device tensors (free on CPU; a sync on CUDA,
-where only HYBRID_SERVE_KERNELS=ref takes that path).
+where only HYBRID_SERVE_KERNELS=ref takes that path). A batch built from a step plan
+(`from_plan`) also carries the plan's host lists and its state checkpoints, from which the
+chunked state kernels' `chunk_table` is built without a sync.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..device_io import to_device
+from ..kernels._chunks import ChunkTable, build_chunk_table
 from ..mem_cache import KVPool, RequestRowTable, StatePool
 
 
@@ -56,7 +59,12 @@ class ForwardBatch:
     kv_pool: KVPool | None
     state_pool: StatePool | None
     req_to_token: torch.Tensor  # [rows+1, max_context] int32
+    # --- set by `from_plan`: (batch row, offset, state slot) checkpoints the state kernels
+    # write (the state after `offset` of the row's tokens), and the plan's host lists
+    checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    _plan_lists: tuple[list[int], list[int], list[int], list[int]] | None = field(default=None, repr=False)
     _host: HostView | None = field(default=None, repr=False)
+    _chunks: dict[int, ChunkTable] = field(default_factory=dict, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -66,9 +74,20 @@ class ForwardBatch:
     def host(self) -> HostView:
         """Host lists of the per-row metadata (reference kernels only; syncs once on CUDA)."""
         if self._host is None:
-            self._host = HostView(self.req_rows.tolist(), self.prefix_lens.tolist(), self.extend_lens.tolist(),
-                                  self.cu_seqlens.tolist(), self.state_slots.tolist())
+            lists = self._plan_lists or (self.req_rows.tolist(), self.prefix_lens.tolist(), self.extend_lens.tolist(),
+                                         self.cu_seqlens.tolist())
+            self._host = HostView(*lists, state_slots=self.state_slots.tolist())
         return self._host
+
+    def chunk_table(self, chunk: int) -> ChunkTable:
+        """How the chunked state kernels cut this batch (built once per step, from the
+        plan's host lists: batches from `from_plan` only)."""
+        if chunk not in self._chunks:
+            if self._plan_lists is None:
+                raise ValueError("the chunked kernels need a batch built from a step plan (ForwardBatch.from_plan)")
+            _, prefix_lens, _, cu = self._plan_lists
+            self._chunks[chunk] = build_chunk_table(cu, prefix_lens, self.checkpoints, self.req_rows.device, chunk)
+        return self._chunks[chunk]
 
     @classmethod
     def build(cls, req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,
@@ -96,9 +115,10 @@ class ForwardBatch:
 
     @classmethod
     def from_plan(cls, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int], table: RequestRowTable,
-                  kv_pool: KVPool | None, state_pool: StatePool | None) -> "ForwardBatch":
+                  kv_pool: KVPool | None, state_pool: StatePool | None,
+                  checkpoints: list[tuple[int, int, int]] = ()) -> "ForwardBatch":
         """`build` from a step plan's host lists (one per batch row), copied to the device in
-        one asynchronous copy; the host view comes from the lists (no sync)."""
+        one asynchronous copy; the host lists stay with the batch (no sync)."""
         if not (len(req_rows) == len(prefix_lens) == len(extend_lens)) or not req_rows:
             raise ValueError("req_rows, prefix_lens and extend_lens must be non-empty and of equal length")
         if min(extend_lens) < 1:
@@ -111,6 +131,6 @@ class ForwardBatch:
         req_rows_t, prefix_lens_t, extend_lens_t, cu_t = meta.split([batch, batch, batch, batch + 1])
         fb = cls.build(req_rows_t, prefix_lens_t, extend_lens_t, cu_t, cu[-1], max(extend_lens), table, kv_pool,
                        state_pool)
-        if not fb.state_slots.is_cuda:  # the host view is free here; on CUDA it waits for first use
-            fb._host = HostView(list(req_rows), list(prefix_lens), list(extend_lens), cu, fb.state_slots.tolist())
+        fb.checkpoints = list(checkpoints)
+        fb._plan_lists = (list(req_rows), list(prefix_lens), list(extend_lens), cu)
         return fb

@@ -48,7 +48,7 @@ class ModelRunner:
     def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:
         """Any step: build the batch, resolve pending input ids, forward, LM head on the sampled rows."""
         fb = ForwardBatch.from_plan(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table, self.kv_pool,
-                                    self.state_pool)
+                                    self.state_pool, plan.checkpoints)
         input_ids = to_device(plan.input_ids, torch.int64, self.device)  # [T]
         if plan.has_pending:  # a pending token is its row's only token (the scheduler never chunks past one)
             last_token_of_row, cursor = [], 0

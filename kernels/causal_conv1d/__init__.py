@@ -1,9 +1,9 @@
 from .._common import HAS_TRITON, missing_triton
-from .ref import causal_conv1d_varlen_ref
+from .ref import causal_conv1d_varlen_ref, snapshot_conv_windows
 
 if HAS_TRITON:
     from .triton_conv import causal_conv1d_varlen
 else:
     causal_conv1d_varlen = missing_triton("causal_conv1d_varlen")
 
-__all__ = ["causal_conv1d_varlen", "causal_conv1d_varlen_ref"]
+__all__ = ["causal_conv1d_varlen", "causal_conv1d_varlen_ref", "snapshot_conv_windows"]

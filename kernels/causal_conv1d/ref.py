@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .._common import host_ints
+
 
 def causal_conv1d_varlen_ref(
     x: torch.Tensor,
@@ -48,3 +50,36 @@ def causal_conv1d_varlen_ref(
         if slot >= 0 and width > 1:
             conv_states[slot] = xx[:, -(width - 1):].to(conv_states.dtype)
     return y
+
+
+def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
+                          cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]]) -> None:
+    """conv_states[slot] <- the window before token `offset` of batch row `row` (its K-1
+    inputs), for each checkpoint (row, offset, slot). Call before the conv updates the rows'
+    windows: inputs before the step come from the row's own slot (zeros for a negative
+    slot). x: [T, D]; conv_states: [N+1, D, K-1]; state_slots: [B] (device, read on the
+    device); cu_seqlens: [B+1] host list. Plain torch indexing: the CPU and the GPU path."""
+    width = conv_states.shape[-1]
+    if not checkpoints or width == 0:
+        return
+    from_x, from_pool = [], []  # (dst slot, dst column, source token) / (dst slot, dst column, row, source column)
+    for row, offset, slot in checkpoints:
+        for j in range(width):
+            p = offset - width + j  # relative position of tap j in the row
+            if p >= 0:
+                from_x.append((slot, j, cu_seqlens[row] + p))
+            else:
+                from_pool.append((slot, j, row, width + p))
+    device = conv_states.device
+    values = []
+    if from_pool:
+        rows = host_ints([r for _, _, r, _ in from_pool], device)
+        cols = host_ints([c for _, _, _, c in from_pool], device)
+        src_slots = state_slots.long()[rows]
+        kept = conv_states[src_slots.clamp(min=0), :, cols] * (src_slots >= 0)[:, None]  # [n, D], read before writing
+        values.append(([s for s, _, _, _ in from_pool], [j for _, j, _, _ in from_pool], kept))
+    if from_x:
+        values.append(([s for s, _, _ in from_x], [j for _, j, _ in from_x],
+                       x[host_ints([t for _, _, t in from_x], device)]))
+    for dst_slots, dst_cols, vals in values:
+        conv_states[host_ints(dst_slots, device), :, host_ints(dst_cols, device)] = vals.to(conv_states.dtype)

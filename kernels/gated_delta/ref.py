@@ -8,7 +8,8 @@ Per value head h, per token t (state S: [Dk, Dv], fp32)::
 
 q/k are L2-normalised first when `use_qk_l2norm`; key head i serves value heads
 i*HV/H .. (i+1)*HV/H - 1. The state of sequence b lives in ssm_states[state_slots[b]]
-and is updated in place; a negative slot starts from zeros and writes nothing.
+and is updated in place; a negative slot starts from zeros and writes nothing. A
+checkpoint (b, offset, slot) copies the state after `offset` of row b's tokens into `slot`.
 """
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def gated_delta_rule_varlen_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_states: torch.Tensor,
     state_slots: list[int], cu_seqlens: list[int], scale: float | None = None, use_qk_l2norm: bool = True,
+    checkpoints: list[tuple[int, int, int]] = (),
 ) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g (log decay, <= 0), beta: [T, HV];
     ssm_states: [N+1, HV, Dk, Dv] fp32 (updated in place); state_slots: [B] host list;
-    cu_seqlens: [B+1] host list. Returns o: [T, HV, Dv] in v's dtype.
+    cu_seqlens: [B+1] host list; checkpoints: (batch row, offset, state slot) triples.
+    Returns o: [T, HV, Dv] in v's dtype.
     """
     num_k_heads, num_v_heads = q.shape[1], v.shape[1]
     if num_v_heads % num_k_heads:
@@ -39,6 +42,7 @@ def gated_delta_rule_varlen_ref(
     if rep > 1:
         q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)  # [T, HV, Dk]
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    snapshots = {(row, offset): slot for row, offset, slot in checkpoints}
     for b, slot in enumerate(state_slots):
         start, end = cu_seqlens[b], cu_seqlens[b + 1]
         if slot >= 0:
@@ -46,6 +50,8 @@ def gated_delta_rule_varlen_ref(
         else:
             state = v.new_zeros(num_v_heads, q.shape[-1], v.shape[-1])
         for t in range(start, end):
+            if (b, t - start) in snapshots:
+                ssm_states[snapshots[b, t - start]] = state.to(ssm_states.dtype)
             state = state * g[t].exp()[:, None, None]
             kv_mem = torch.einsum("hkv,hk->hv", state, k[t])
             delta = (v[t] - kv_mem) * beta[t][:, None]

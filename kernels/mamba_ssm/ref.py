@@ -10,7 +10,8 @@ heads are split into G contiguous groups of H/G)::
 This recurrence is the same map as Mamba2's chunked SSD scan (transformers' torch path);
 only the summation order differs. The state of sequence b lives in
 ssm_states[state_slots[b]] and is updated in place; a negative slot starts from zeros and
-writes nothing.
+writes nothing. A checkpoint (b, offset, slot) copies the state after `offset` of row b's
+tokens into `slot`.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ def selective_state_update_varlen_ref(
     x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None,
     dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, state_slots: list[int], cu_seqlens: list[int],
     dt_softplus: bool = True, dt_limit: tuple[float, float] = (0.0, float("inf")), out_dtype: torch.dtype | None = None,
+    checkpoints: list[tuple[int, int, int]] = (),
 ) -> torch.Tensor:
     """x: [T, H, P]; dt: [T, H] (raw, before bias/softplus); A: [H] (negative); B, C: [T, G, N];
     D, dt_bias: [H] or None; ssm_states: [S+1, H, P, N] (updated in place); state_slots: [B]
-    host list; cu_seqlens: [B+1] host list. All math in fp32. Returns y: [T, H, P] in
-    `out_dtype` (default x's dtype).
+    host list; cu_seqlens: [B+1] host list; checkpoints: (batch row, offset, state slot)
+    triples. All math in fp32. Returns y: [T, H, P] in `out_dtype` (default x's dtype).
     """
     num_tokens, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[1], B.shape[2]
@@ -52,6 +54,7 @@ def selective_state_update_varlen_ref(
     dtx = dt[:, :, None] * x32  # [T, H, P]
 
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32, device=x.device)
+    snapshots = {(row, offset): slot for row, offset, slot in checkpoints}
     for b, slot in enumerate(state_slots):
         start, end = cu_seqlens[b], cu_seqlens[b + 1]
         if slot >= 0:
@@ -59,6 +62,8 @@ def selective_state_update_varlen_ref(
         else:
             state = x32.new_zeros(num_heads, head_dim, d_state)
         for t in range(start, end):
+            if (b, t - start) in snapshots:
+                ssm_states[snapshots[b, t - start]] = state.to(ssm_states.dtype)
             state = state * decay[t][:, None, None] + dtx[t][:, :, None] * B[t][:, None, :]
             out[t] = torch.einsum("hpn,hn->hp", state, C[t])
         if slot >= 0:

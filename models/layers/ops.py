@@ -104,9 +104,23 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 
 # ----- recurrent-state mixers -------------------------------------------------------------
+# A step whose rows extend by more than this many tokens (a prefill chunk) runs the chunked
+# tensor-core state kernels; decode and short verify steps the recurrent ones. Steps with
+# checkpoints inside their tokens always take the chunked kernels, which write them.
+RECURRENT_MAX_TOKENS = 8
+STATE_CHUNK = 64  # tokens per chunk of the chunked kernels
+
+
+def _chunked(fb: ForwardBatch) -> bool:
+    return fb.max_extend_len > RECURRENT_MAX_TOKENS or bool(fb.checkpoints)
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor,
                   fb: ForwardBatch, activation: str | None) -> torch.Tensor:
-    """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place) -> y: [T, D]."""
+    """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place; checkpoint
+    slots of fb.checkpoints receive the windows at their positions) -> y: [T, D]."""
+    if fb.checkpoints:
+        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host.cu_seqlens, fb.checkpoints)
     if use_triton(x):
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation)
     return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.host.state_slots, fb.host.cu_seqlens,
@@ -124,12 +138,15 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      ssm_states: torch.Tensor, fb: ForwardBatch, use_qk_l2norm: bool = True) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g, beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv]
-    (updated in place) -> o: [T, HV, Dv] in v's dtype."""
+    (updated in place, checkpoint slots too) -> o: [T, HV, Dv] in v's dtype."""
     if use_triton(q):
+        if _chunked(fb):
+            return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
+                                                 fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm)
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm)
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
-                                            use_qk_l2norm=use_qk_l2norm)
+                                            use_qk_l2norm=use_qk_l2norm, checkpoints=fb.checkpoints)
 
 
 def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
@@ -137,8 +154,8 @@ def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch
                                       ssm_states: torch.Tensor, fb: ForwardBatch,
                                       use_qk_l2norm: bool = True) -> torch.Tensor:
     """gdn_gating(a, b, A_log, dt_bias) then gated_delta_rule: a, b: [T, HV] raw projections.
-    The kernel path computes the gates inside the recurrent kernel (one launch)."""
-    if use_triton(q):
+    The recurrent kernel computes the gates itself (one launch)."""
+    if use_triton(q) and not _chunked(fb):
         return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias))
     g, beta = gdn_gating(a, b, A_log, dt_bias)
@@ -151,13 +168,16 @@ def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
                            dt_softplus: bool, dt_limit: tuple[float, float],
                            out_dtype: torch.dtype | None) -> torch.Tensor:
     """x: [T, H, P]; dt: [T, H]; A, D, dt_bias: [H]; B, C: [T, G, N]; ssm_states: [N_slots+1, H, P, N]
-    (updated in place) -> y: [T, H, P] in out_dtype."""
+    (updated in place, checkpoint slots too) -> y: [T, H, P] in out_dtype."""
     kwargs = dict(dt_softplus=dt_softplus, dt_limit=dt_limit, out_dtype=out_dtype)
     if use_triton(x):
+        if _chunked(fb):
+            return _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
+                                    fb.chunk_table(STATE_CHUNK), **kwargs)
         return _ssm.selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
                                                   fb.cu_seqlens, **kwargs)
     return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.host.state_slots,
-                                                  fb.host.cu_seqlens, **kwargs)
+                                                  fb.host.cu_seqlens, checkpoints=fb.checkpoints, **kwargs)
 
 
 # ----- norms and rotary -------------------------------------------------------------------

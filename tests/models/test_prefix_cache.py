@@ -6,6 +6,7 @@ import torch
 
 from hf_reference import FAMILIES
 from hybrid_serve import LLM, SamplingParams
+from hybrid_serve.kernels.switch import KERNELS_ENV
 
 INTERVAL, PAGE = 16, 8
 TURN_PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -92,3 +93,39 @@ def test_bad_prefix_cache_config_fails_at_start(kwargs, match, reference_models)
     model_dir, _ = reference_models("qwen3_5")
     with pytest.raises(ValueError, match=match):
         LLM(model=model_dir, dtype="float32", **kwargs)
+
+
+@pytest.mark.parametrize("family, kernels", [(f, "ref") for f in FAMILIES] + [
+    pytest.param("qwen3_5", "triton", marks=pytest.mark.slow), pytest.param("nemotron_h", "triton", marks=pytest.mark.slow)])
+def test_checkpoints_inside_one_step_are_written_by_the_kernels(family, kernels, reference_models, monkeypatch):
+    """A 150-token prompt runs in one step (chunks are never cut at checkpoints): the plan
+    carries its 9 checkpoints inside the step (every 16 tokens, the prompt end at 144 is one
+    of them); the tree then holds each of them, and a prompt sharing 100 tokens reuses 96
+    with the tokens a cold run gives (every kind of state: conv windows, GDN, Mamba2). With
+    kernels=triton the chunked Triton kernels write them (the interpreter on CPU: a 40-token
+    prompt, checkpoints at 16 and 32)."""
+    if kernels == "triton":
+        pytest.importorskip("triton")
+    monkeypatch.setenv(KERNELS_ENV, kernels)
+    length, shared, params = 150, 100, TURN_PARAMS
+    if kernels == "triton":
+        length, shared, params = 40, 34, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    model_dir, ref = reference_models(family)
+    kwargs = dict(model=model_dir, dtype="float32", page_size=PAGE, state_checkpoint_interval=INTERVAL,
+                  chunked_prefill_size=512, max_num_batched_tokens=512)
+    llm = LLM(**kwargs)
+    plans = []
+    execute = llm.engine.shard.execute
+    llm.engine.shard.execute = lambda plan: plans.append(plan) or execute(plan)
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, ref.config.vocab_size, (length,), generator=gen).tolist()
+    llm.generate([prompt], params)
+    first = next(p for p in plans if p.extend_lens)
+    assert first.extend_lens == [length]
+    assert [offset for _, offset, _ in first.checkpoints] == list(range(16, length, 16))
+    other = prompt[:shared] + torch.randint(0, ref.config.vocab_size, (30,), generator=gen).tolist()
+    hit = llm.generate([other], params)[0]
+    assert hit.num_cached_tokens == shared // INTERVAL * INTERVAL
+    cold = LLM(enable_prefix_cache=False, **kwargs).generate([other], params)[0]
+    assert hit.outputs[0].token_ids == cold.outputs[0].token_ids
+    llm.engine.cache.check_empty()
