@@ -76,23 +76,24 @@ def _chunk_prepare_kernel(
         t_i = tl.where(offs_t == i, 1.0, -tl.sum(a_i[:, None] * Tm, axis=0))
         Tm = tl.where(rows == i, t_i[None, :], Tm)
     Tm_d = Tm.to(k_ptr.dtype.element_ty)
-    scale_k = beta * tl.exp(G)  # [BT]
-    for k0 in range(0, K, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        mask_k = offs_k < K
-        kk = tl.load(k_ptr + (t0 + offs_t)[:, None] * stride_k_t + h * stride_k_h + offs_k[None, :],
-                     mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        w = tl.dot(Tm_d, (kk * scale_k[:, None]).to(k_ptr.dtype.element_ty), input_precision=DOT_PRECISION)
-        tl.store(w_ptr + (t0 + offs_t)[:, None] * stride_w_t + hv * stride_w_h + offs_k[None, :],
-                 w.to(w_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_k[None, :])
-    for v0 in range(0, V, BV):
-        offs_v = v0 + tl.arange(0, BV)
-        mask_v = offs_v < V
-        vv = tl.load(v_ptr + (t0 + offs_t)[:, None] * stride_v_t + hv * stride_v_h + offs_v[None, :],
-                     mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        u = tl.dot(Tm_d, (vv * beta[:, None]).to(k_ptr.dtype.element_ty), input_precision=DOT_PRECISION)
-        tl.store(u_ptr + (t0 + offs_t)[:, None] * stride_u_t + hv * stride_u_h + offs_v[None, :],
-                 u.to(u_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_v[None, :])
+    _tm_times_rows(Tm_d, k_ptr, stride_k_t, h * stride_k_h, w_ptr, stride_w_t, hv * stride_w_h, t0, offs_t, mask_t,
+                   beta * tl.exp(G), K, BK, DOT_PRECISION)  # w = Tm (beta exp(G) k)
+    _tm_times_rows(Tm_d, v_ptr, stride_v_t, hv * stride_v_h, u_ptr, stride_u_t, hv * stride_u_h, t0, offs_t, mask_t,
+                   beta, V, BV, DOT_PRECISION)  # u = Tm (beta v)
+
+
+@triton.jit
+def _tm_times_rows(Tm_d, src_ptr, stride_src_t, src_head, dst_ptr, stride_dst_t, dst_head, t0, offs_t, mask_t,
+                   row_scale, D: tl.constexpr, BD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dst[t0 + t, head, :] = Tm (row_scale * src[t0 + t, head, :]) for the chunk's rows, in blocks of BD."""
+    for d0 in range(0, D, BD):
+        offs_d = d0 + tl.arange(0, BD)
+        mask = mask_t[:, None] & (offs_d < D)[None, :]
+        x = tl.load(src_ptr + (t0 + offs_t)[:, None] * stride_src_t + src_head + offs_d[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        y = tl.dot(Tm_d, (x * row_scale[:, None]).to(Tm_d.dtype), input_precision=DOT_PRECISION)
+        tl.store(dst_ptr + (t0 + offs_t)[:, None] * stride_dst_t + dst_head + offs_d[None, :],
+                 y.to(dst_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
