@@ -9,6 +9,15 @@ if TYPE_CHECKING:
     from ..mem_cache import PoolOptions
 
 
+# Defaults by device. CUDA: a step of up to 8192 tokens and a prompt chunk of 8192 fill an
+# H100's tensor cores (vLLM and SGLang default to 8192 there too), 256 running sequences, and a
+# decode graph for every batch size. CPU: small steps, so tests and the demo stay responsive.
+DEVICE_DEFAULTS = {
+    "cuda": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "chunked_prefill_size": 8192},
+    "cpu": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "chunked_prefill_size": 64},
+}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
@@ -17,9 +26,10 @@ class EngineConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     load_format: str = "auto"  # auto | safetensors | dummy
     seed: int = 0  # dummy weights and unseeded sampling start from here
-    max_num_seqs: int = 64  # requests running at once
-    max_num_batched_tokens: int = 512  # token budget per step
-    chunked_prefill_size: int = 64  # most prompt tokens of one request per step
+    # None: the device's default (DEVICE_DEFAULTS): what fills an H100 on CUDA, small on CPU
+    max_num_seqs: int | None = None  # sequences running at once
+    max_num_batched_tokens: int | None = None  # token budget per step
+    chunked_prefill_size: int | None = None  # most prompt tokens of one request per step
     max_model_len: int | None = None  # prompt + output tokens; default: the model's, capped to fit the cache
     page_size: int = 16  # tokens per KV page
     cache_memory_bytes: int | None = None  # KV pages + state slots; default: see engine sizing
@@ -31,10 +41,19 @@ class EngineConfig:
     state_checkpoint_interval: int = 256  # tokens between state checkpoints (a multiple of page_size)
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
     enable_cuda_graphs: bool = True  # replay captured CUDA graphs for pure-decode steps (ignored on CPU)
-    cuda_graph_max_batch: int = 64  # largest decode batch run through a graph (capped at max_num_seqs)
+    cuda_graph_max_batch: int | None = None  # largest decode batch run through a graph; default max_num_seqs
     async_scheduling: bool = True  # queue step N+1 before reading step N's tokens back (tp = 1)
+    warm_up: bool = True  # compile every kernel shape at start-up, before serving (CUDA)
 
     def __post_init__(self) -> None:
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        for name, value in DEVICE_DEFAULTS[self.device.split(":")[0]].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.cuda_graph_max_batch is None:
+            object.__setattr__(self, "cuda_graph_max_batch", self.max_num_seqs)
+
         def positive(name: str) -> None:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -55,8 +74,6 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not 0.0 <= self.state_pool_fraction <= 1.0:
             raise ValueError(f"state_pool_fraction must be in [0, 1], got {self.state_pool_fraction}")
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
 
     def pool_options(self, model_max_len: int) -> "PoolOptions":
         """The settings that size the pools (mem_cache.plan_pools)."""

@@ -28,7 +28,9 @@ from ...device_io import pinned
 from ...mem_cache import KVPool, RequestRowTable, StatePool
 from ...models.forward_batch import ForwardBatch
 
-CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+# Padded batch sizes with a graph (as vLLM and SGLang pad): every size up to max_num_seqs
+# replays one, at most 7 padding rows away; the default 256 sequences make 35 graphs.
+CAPTURE_SIZES = (1, 2, 4) + tuple(range(8, 1025, 8))
 
 
 def graph_sizes(max_batch: int) -> list[int]:

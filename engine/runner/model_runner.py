@@ -23,8 +23,9 @@ from .step_plan import StepPlan
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, state_pool: StatePool, req_table: RequestRowTable,
-                 device: torch.device | str, cuda_graph_max_batch: int = 0) -> None:
-        """cuda_graph_max_batch > 0 (CUDA only) captures decode graphs for batches up to that size."""
+                 device: torch.device | str, cuda_graph_max_batch: int = 0, warm_up_tokens: int = 0) -> None:
+        """cuda_graph_max_batch > 0 (CUDA only) captures decode graphs for batches up to that
+        size; warm_up_tokens > 0 first runs `warm_up` (CUDA only)."""
         self.model = model
         self.kv_pool = kv_pool
         self.state_pool = state_pool
@@ -32,6 +33,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.last_tokens = torch.zeros(req_table.num_rows + 1, dtype=torch.int64, device=self.device)  # [rows+1]
         self.decode_graphs: DecodeGraphs | None = None
+        if warm_up_tokens > 0 and self.device.type == "cuda":
+            self.warm_up(warm_up_tokens)
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda":
                 raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
@@ -44,6 +47,23 @@ class ModelRunner:
         self.decode_graphs = DecodeGraphs(self.model, max_batch, self.device, self.req_table, self.kv_pool,
                                           self.state_pool, self.last_tokens)
         return self.decode_graphs
+
+    def warm_up(self, max_tokens: int) -> None:
+        """Compile the kernels of every eager step shape serving meets, before the engine says
+        ready (the decode graphs' shapes compile when they are captured): steps of padding
+        tokens (request row 0: KV slot 0 and state slot 0, the dummies) of 2, 8, ... up to
+        `max_tokens` tokens in one row, then mixed with decode rows."""
+        from tqdm.auto import tqdm
+
+        limit = min(max_tokens, self.req_table.max_context)
+        lengths = sorted({n for n in (2, 8, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768) if n <= limit} | {limit})
+        shapes = [[n] for n in lengths] + [[n] + [1] * 15 for n in lengths if n + 15 <= limit]
+        for extend_lens in tqdm(shapes, desc="Warm-up (kernel shapes)", unit="shape"):
+            batch = len(extend_lens)
+            plan = StepPlan(req_rows=[0] * batch, prefix_lens=[0] * batch, extend_lens=extend_lens,
+                            input_ids=[0] * sum(extend_lens), sample_rows=list(range(batch)))
+            self.execute(plan)
+        torch.cuda.synchronize(self.device)
 
     def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:
         """Any step: build the batch, resolve pending input ids, forward, LM head on the sampled rows."""

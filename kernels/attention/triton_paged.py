@@ -179,9 +179,11 @@ def _num_sms(device: torch.device) -> int:
 
 
 def _default_num_splits(q: torch.Tensor, q_blocks: int, num_kv_heads: int, max_context: int, block_n: int) -> int:
+    """Enough programs for the device, as a power of two (NUM_SPLITS is a compile-time
+    constant: powers of two keep the compiled variants to six, all compiled at warm-up)."""
     sms = _num_sms(q.device)
-    splits = (2 * sms) // max(q_blocks * num_kv_heads, 1)
-    return max(1, min(splits, 32, triton.cdiv(max_context, block_n)))
+    splits = max(1, min((2 * sms) // max(q_blocks * num_kv_heads, 1), 32, triton.cdiv(max_context, block_n)))
+    return 1 << (splits.bit_length() - 1)
 
 
 def paged_attention(

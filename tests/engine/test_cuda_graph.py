@@ -15,12 +15,13 @@ from hybrid_serve.mem_cache import RequestRowTable
 
 
 def test_sizes_and_padded_size():
-    assert graph_sizes(64) == list(CAPTURE_SIZES)
+    assert graph_sizes(64) == [s for s in CAPTURE_SIZES if s <= 64] == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert graph_sizes(40) == [1, 2, 4, 8, 16, 24, 32, 40]
     assert graph_sizes(1) == [1]
-    assert graph_sizes(100)[-2:] == [64, 100]
+    assert graph_sizes(100)[-2:] == [96, 100]
+    assert len(graph_sizes(256)) == 35 and graph_sizes(256)[-1] == 256  # every batch up to max_num_seqs
     sizes = graph_sizes(64)
-    assert [padded_size([1] * b, sizes) for b in (1, 3, 5, 17, 33, 64)] == [1, 4, 8, 24, 48, 64]
+    assert [padded_size([1] * b, sizes) for b in (1, 3, 5, 17, 33, 64)] == [1, 4, 8, 24, 40, 64]
     assert padded_size([1] * 65, sizes) is None  # too big: eager
     assert padded_size([1, 2, 1], sizes) is None  # a prefill chunk in the batch: eager
     assert padded_size([], sizes) is None
