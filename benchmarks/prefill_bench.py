@@ -73,6 +73,7 @@ def ttft_ms(llm, length: int, vocab: int, runs: int = 3, seed: int = 0) -> list[
 def ours(model_dir: str, lengths: list[int], engine_args: dict) -> dict:
     from hybrid_serve import LLM
 
+    engine_args = {"max_model_len": max(lengths) + 16, **engine_args}  # the 32k prompt and its token
     llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", **engine_args)
     cfg = llm.engine.hf_config
     res = {"engine_args": engine_args, "config": {k: getattr(llm.engine.config, k) for k in (

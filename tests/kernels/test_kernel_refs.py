@@ -71,8 +71,10 @@ def test_gated_delta_varlen_matches_transformers_chunk_rule():
         for j, b in enumerate(active):
             got[b].append(out[cu[j]:cu[j + 1]])
     for b, (q, k, v, g, beta) in enumerate(seqs):
+        rep = HV // H  # as transformers' module does before the rule (older versions need equal heads)
         want, final = hf.torch_chunk_gated_delta_rule(
-            q[None], k[None], v[None], g=g[None], beta=beta[None], output_final_state=True,
+            q.repeat_interleave(rep, 1)[None], k.repeat_interleave(rep, 1)[None], v[None], g=g[None], beta=beta[None],
+            output_final_state=True,
             use_qk_l2norm_in_kernel=True)
         assert _rel(torch.cat(got[b]), want[0]) < 1e-5
         assert _rel(states[slots[b]], final[0]) < 1e-5
