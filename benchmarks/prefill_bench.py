@@ -87,6 +87,46 @@ def ours(model_dir: str, lengths: list[int], engine_args: dict) -> dict:
     return res
 
 
+def profile_ttft(model_dir: str, lengths: list[int], engine_args: dict, top: int = 18) -> None:
+    """Where one prompt's TTFT goes: wall vs GPU kernel time, the top kernels (torch
+    profiler), and the host's top functions (cProfile), per length."""
+    import cProfile
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from hybrid_serve import LLM, SamplingParams
+
+    engine_args = {"max_model_len": max(lengths) + 16, **engine_args}
+    llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", **engine_args)
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    for n in lengths:
+        vocab = llm.engine.hf_config.vocab_size
+        llm.generate([torch.randint(10, vocab, (n,), generator=gen).tolist()], params)  # warm-up
+        prompt = torch.randint(10, vocab, (n,), generator=gen).tolist()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            llm.generate([prompt], params)
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t) * 1e3
+        events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+        gpu = sum(e.self_device_time_total for e in events) / 1e3
+        print(f"[profile {n} tokens] wall {wall:.1f} ms (under the profiler), GPU kernels {gpu:.1f} ms")
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:top]:
+            print(f"   {e.self_device_time_total / 1e3:8.2f} ms  x{e.count:<5d} {e.key[:95]}")
+        prompt = torch.randint(10, vocab, (n,), generator=gen).tolist()
+        torch.cuda.synchronize()
+        host = cProfile.Profile()
+        host.enable()
+        llm.generate([prompt], params)
+        torch.cuda.synchronize()
+        host.disable()
+        stats = pstats.Stats(host)
+        stats.sort_stats("tottime").print_stats(top)
+
+
 def transformers_forward(model_name: str, lengths: list[int], use_fla: bool) -> dict:
     """transformers' forward of the same config (random bf16 weights), in a fresh process so
     that fla is importable or not there."""
@@ -127,9 +167,15 @@ def main() -> None:
     ap.add_argument("--baseline", default="fla,torch", help="transformers baselines: fla, torch, or none")
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
     ap.add_argument("--cache-compare", type=int, default=1, help="also time 8k with the prefix cache off")
+    ap.add_argument("--profile", default=None, help="comma-separated lengths: profile them instead of the table")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
+    if args.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile_ttft(write_model_dir(args.model, tmp), [int(x) for x in args.profile.split(",")],
+                         json.loads(args.engine_args))
+        return
     device = torch.cuda.get_device_name(0)
     rate = matmul_tflops()
     print(f"{device}: bf16 matmul {rate:.0f} TFLOP/s", flush=True)

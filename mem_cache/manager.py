@@ -214,10 +214,21 @@ class CacheManager:
         return {"kv_cache_usage_ratio": self.pages.num_used / self.pages.num_ids,
                 "state_pool_usage_ratio": self.state_slots.num_used / self.state_slots.num_ids}
 
-    def check_integrity(self) -> None:
+    def check_integrity(self, full: bool = True) -> None:
         """Every allocator and the tree agree with themselves, and used == held by the
-        running requests + the tree."""
+        running requests + the tree. `full=False` compares the counts only (O(running
+        requests), not O(pool): what the engine asserts each time it goes idle)."""
         allocs = list(self._allocs.values())
+        own_pages = sum(len(a.pages) - a.num_tree_pages for a in allocs)
+        own_slots = sum(1 + len(a.pending_checkpoints) for a in allocs)
+        assert self.pages.num_used == self.tree.num_pages + own_pages, \
+            f"KV pages used {self.pages.num_used} != held {self.tree.num_pages} (tree) + {own_pages} (requests)"
+        assert self.state_slots.num_used == self.tree.num_state_slots + own_slots, \
+            f"state slots used {self.state_slots.num_used} != held {self.tree.num_state_slots} (tree) + {own_slots}"
+        assert self.rows.num_used == len(allocs), "request rows do not match the running requests"
+        assert self.tree.root.lock_ref == 1 + len(allocs), "radix locks do not match the running requests"
+        if not full:
+            return
         self.tree.check_integrity()
         self.pages.check_integrity(self.tree.held_pages() + [p for a in allocs for p in a.pages[a.num_tree_pages:]])
         pending = [slot for a in allocs for _, slot in a.pending_checkpoints]
@@ -225,7 +236,7 @@ class CacheManager:
         self.rows.check_integrity([a.req_row for a in allocs])
         assert self.tree.root.lock_ref == 1 + len(allocs), "radix locks do not match the running requests"
 
-    def check_empty(self) -> None:
+    def check_empty(self, full: bool = True) -> None:
         """No request holds anything (the prefix cache may still hold cached prefixes)."""
-        self.check_integrity()
+        self.check_integrity(full)
         assert not self._allocs, f"{len(self._allocs)} requests still hold cache"

@@ -59,6 +59,8 @@ class RadixCache:
         self.root = RadixNode(None, [], [])
         self.root.lock_ref = 1  # never evicted
         self._clock = 0
+        self.num_pages = 0  # KV pages the tree holds
+        self.num_state_slots = 0  # checkpoints the tree holds
 
     # ----- helpers ---------------------------------------------------------------------
     def _tick(self) -> int:
@@ -133,6 +135,7 @@ class RadixCache:
             if child is None:
                 page0 = pos // self.page_size
                 child = RadixNode(node, tokens[pos:], pages[page0:])
+                self.num_pages += len(child.pages)
                 node.children[self._key(tokens, pos)] = child
                 node, pos = child, len(tokens)
                 node.last_access = now
@@ -146,6 +149,7 @@ class RadixCache:
         if state_slot is not None:
             if node.state_slot is None and node is not self.root:
                 node.state_slot = state_slot
+                self.num_state_slots += 1
             else:
                 duplicate_state = state_slot
         return InsertResult(node, self._path_pages(node), duplicate_state)
@@ -182,8 +186,10 @@ class RadixCache:
             leaves.sort(key=lambda n: n.last_access)
             leaf = leaves.pop(0)
             freed_pages.extend(leaf.pages)
+            self.num_pages -= len(leaf.pages)
             if leaf.state_slot is not None:
                 freed_slots.append(leaf.state_slot)
+                self.num_state_slots -= 1
             parent = leaf.parent
             del parent.children[self._key(leaf.tokens, 0)]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
@@ -198,6 +204,7 @@ class RadixCache:
         for node in holders[:num_slots]:
             freed.append(node.state_slot)
             node.state_slot = None
+            self.num_state_slots -= 1
         return freed
 
     # ----- accounting ------------------------------------------------------------------
@@ -209,6 +216,8 @@ class RadixCache:
 
     def check_integrity(self) -> None:
         pages = self.held_pages()
+        assert len(pages) == self.num_pages, f"the tree counts {self.num_pages} pages and holds {len(pages)}"
+        assert len(self.held_state_slots()) == self.num_state_slots, "the tree's checkpoint count is off"
         assert len(pages) == len(set(pages)), "a KV page appears twice in the radix tree"
         assert 0 not in pages, "the reserved KV page 0 is in the radix tree"
         for node in self._nodes():
