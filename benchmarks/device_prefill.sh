@@ -26,3 +26,7 @@ case "${1:-tests}" in
     PYTHONPATH=$BENCH_PATH timeout 560 python3 benchmarks/prefill_bench.py --json "$OUT/prefill.json" ${PREFILL_ARGS:-} 2>&1 \
       | tee "$OUT/prefill.log" | grep -v "Loading\|Warm-up\|it/s\]" | tail -20 ;;
 esac
+if [ "${1:-}" = "profile" ]; then
+  PYTHONPATH=$BENCH_PATH timeout 400 python3 benchmarks/prefill_bench.py --profile ${PROFILE_LENGTHS:-1024,8192} 2>&1 \
+    | tee "$OUT/profile.log" | grep -v "Loading\|Warm-up\|it/s\]" | head -${PROFILE_LINES:-150}
+fi

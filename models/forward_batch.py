@@ -62,6 +62,7 @@ class ForwardBatch:
     # --- set by `from_plan`: (batch row, offset, state slot) checkpoints the state kernels
     # write (the state after `offset` of the row's tokens), and the plan's host lists
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    min_extend_len: int | None = None  # min(extend_lens) when known on the host
     _plan_lists: tuple[list[int], list[int], list[int], list[int]] | None = field(default=None, repr=False)
     _host: HostView | None = field(default=None, repr=False)
     _chunks: dict[int, ChunkTable] = field(default_factory=dict, repr=False)
@@ -132,5 +133,6 @@ class ForwardBatch:
         fb = cls.build(req_rows_t, prefix_lens_t, extend_lens_t, cu_t, cu[-1], max(extend_lens), table, kv_pool,
                        state_pool)
         fb.checkpoints = list(checkpoints)
+        fb.min_extend_len = min(extend_lens)
         fb._plan_lists = (list(req_rows), list(prefix_lens), list(extend_lens), cu)
         return fb

@@ -2,9 +2,11 @@ from .._common import HAS_TRITON, missing_triton
 from .ref import paged_attention_ref, store_kv_ref
 
 if HAS_TRITON:
+    from .triton_extend import extend_attention
     from .triton_paged import paged_attention, store_kv
 else:
+    extend_attention = missing_triton("extend_attention")
     paged_attention = missing_triton("paged_attention")
     store_kv = missing_triton("store_kv")
 
-__all__ = ["paged_attention", "paged_attention_ref", "store_kv", "store_kv_ref"]
+__all__ = ["extend_attention", "paged_attention", "paged_attention_ref", "store_kv", "store_kv_ref"]

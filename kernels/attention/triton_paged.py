@@ -198,6 +198,7 @@ def paged_attention(
     out: torch.Tensor | None = None,
     num_kv_splits: int | None = None,
     max_extend_len: int | None = None,
+    skip_longer_than: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole paged context (GQA).
 
@@ -208,7 +209,9 @@ def paged_attention(
     scale: softmax scale; out: optional [T, Hq, Dv] buffer; num_kv_splits: KV splits per
     request (default: enough programs for the device; 1 writes the output directly);
     max_extend_len: optional host bound on the new tokens per request (1 for decode), which
-    lets decode skip the q-block bookkeeping (a few small launches per call).
+    lets decode skip the q-block bookkeeping (a few small launches per call);
+    skip_longer_than: rows with more new tokens are left to another kernel (extend_attention;
+    their rows of `out` untouched).
     Returns o: [T, Hq, Dv] in q's dtype. Softmax statistics and accumulation in fp32.
     """
     check_launch_device("paged_attention", q)
@@ -246,16 +249,21 @@ def paged_attention(
     group = num_q_heads // num_kv_heads
     block_m = 16 if num_tokens <= batch * max(1, 16 // group) else 64
     block_n = 64 if max(head_dim, dv) <= 128 else 32
-    one_block = max_extend_len is not None and max_extend_len * group <= block_m
+    one_block = max_extend_len is not None and max_extend_len * group <= block_m and skip_longer_than is None
     if one_block:
         cu_blocks, grid_m = cu_seqlens, batch  # (cu_blocks unused)
     else:
         ext = cu_seqlens[1:] - cu_seqlens[:-1]
         cu_blocks = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-        cu_blocks[1:] = torch.cumsum((ext * group + block_m - 1) // block_m, 0)
+        blocks = (ext * group + block_m - 1) // block_m
+        if skip_longer_than is not None:
+            blocks = torch.where(ext > skip_longer_than, 0, blocks)
+        cu_blocks[1:] = torch.cumsum(blocks, 0)
         grid_m = triton.cdiv(num_tokens * group, block_m) + batch  # >= sum of q blocks, from shapes only
     splits = num_kv_splits or _default_num_splits(
         q, triton.cdiv(num_tokens * group, block_m), num_kv_heads, max_context, block_n)
+    if skip_longer_than is not None:
+        splits = 1  # the split merge writes every token's rows, the skipped ones' too
     if splits > 1:
         part_o = torch.empty((splits, num_tokens, num_q_heads, dv), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((splits, num_tokens, num_q_heads), dtype=torch.float32, device=q.device)

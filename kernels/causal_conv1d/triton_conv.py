@@ -1,14 +1,16 @@
 """Varlen causal depthwise conv1d with the window in the state pool, Triton kernel.
 
-One program per (batch row b, block of BLOCK_D channels) walks the row's tokens in tiles of
-BLOCK_T. Tap j of token t reads relative position p = t - (K-1) + j::
+One program per (batch row b, block of BLOCK_D channels, tile of TILE tokens) walks its
+tokens in steps of BLOCK_T (decode: one tile per row; a long prefill row: many tiles in
+parallel). Tap j of token t reads relative position p = t - (K-1) + j::
 
     p >= 0 : x[cu[b] + p]                          this step's input
     p <  0 : conv_states[slot, :, K-1 + p]         the window kept from earlier steps
 
-After the last tile the program writes the new window (the last K-1 inputs) back to the
-pool, or, in verify mode, writes the window after EVERY token into
-`intermediate_conv_windows[b, step]` and leaves the pool untouched.
+With one tile per row the program then writes the new window (the last K-1 inputs) back to
+the pool; with several, a second launch does (every tile must read the old window first).
+In verify mode the window after EVERY token goes to `intermediate_conv_windows[b, step]`
+and the pool is left untouched.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ from .._common import (
 from .._triton_common import varlen_row
 
 
+TOKEN_TILE = 128  # tokens per program when a launch is cut into tiles (long prefill rows)
+
+
 @triton.jit
 def _causal_conv1d_varlen_kernel(
     x_ptr, w_ptr, bias_ptr, states_ptr, slots_ptr, cu_ptr, y_ptr, inter_ptr,
@@ -32,7 +37,8 @@ def _causal_conv1d_varlen_kernel(
     stride_s_n, stride_s_d, stride_s_k,
     stride_i_b, stride_i_s, stride_i_d, stride_i_k,
     K: tl.constexpr, KW_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    WRITE_WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
@@ -43,10 +49,12 @@ def _causal_conv1d_varlen_kernel(
     bias = tl.zeros([BLOCK_D], dtype=tl.float32)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    tile_start = tl.program_id(2) * TILE
+    tile_end = tl.minimum(tile_start + TILE, seq_len)
 
-    for t0 in range(0, seq_len, BLOCK_T):
+    for t0 in range(tile_start, tile_end, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)  # [BT] token index inside the row
-        mask_t = offs_t < seq_len
+        mask_t = offs_t < tile_end
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32) + bias[None, :]
         for j in tl.static_range(K):
             p = offs_t - (K - 1) + j  # [BT] relative position of tap j
@@ -68,19 +76,42 @@ def _causal_conv1d_varlen_kernel(
         y_ptrs = y_ptr + (start + offs_t)[:, None] * stride_y_t + offs_d[None, :]
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_d[None, :])
 
-    if not VERIFY:
-        # new window column i holds relative position seq_len - (K-1) + i
-        offs_k = tl.arange(0, KW_PAD)
-        p = seq_len - (K - 1) + offs_k  # [KW]
-        valid = (offs_k < K - 1) & has_state
-        m_x = (valid & (p >= 0))[:, None] & mask_d[None, :]
-        xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
-        m_s = (valid & (p < 0))[:, None] & mask_d[None, :]
-        sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
-        window = xv.to(tl.float32) + sv.to(tl.float32)  # [KW, BD]
-        tl.debug_barrier()  # every thread has read the old window before anyone overwrites it
-        tl.store(state_base + offs_k[:, None] * stride_s_k, window.to(states_ptr.dtype.element_ty),
-                 mask=valid[:, None] & mask_d[None, :])
+    if WRITE_WINDOW:
+        _write_window(x_ptr, state_base, start, seq_len, has_state, offs_d, mask_d, stride_x_t, stride_s_k,
+                      K, KW_PAD)
+
+
+@triton.jit
+def _conv_window_kernel(x_ptr, states_ptr, slots_ptr, cu_ptr, num_channels, num_slots, stride_x_t,
+                        stride_s_n, stride_s_d, stride_s_k, K: tl.constexpr, KW_PAD: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    """The new window of each row, after a multi-tile conv launch has read the old ones."""
+    b = tl.program_id(0)
+    start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < num_channels
+    state_base = states_ptr + slot * stride_s_n + offs_d[None, :] * stride_s_d
+    _write_window(x_ptr, state_base, start, (end - start).to(tl.int32), has_state, offs_d, mask_d, stride_x_t,
+                  stride_s_k, K, KW_PAD)
+
+
+@triton.jit
+def _write_window(x_ptr, state_base, start, seq_len, has_state, offs_d, mask_d, stride_x_t, stride_s_k,
+                  K: tl.constexpr, KW_PAD: tl.constexpr):
+    """The last K-1 inputs of the row become its window (old window columns where the row is
+    shorter than K-1); every thread reads before any writes."""
+    # new window column i holds relative position seq_len - (K-1) + i
+    offs_k = tl.arange(0, KW_PAD)
+    p = seq_len - (K - 1) + offs_k  # [KW]
+    valid = (offs_k < K - 1) & has_state
+    m_x = (valid & (p >= 0))[:, None] & mask_d[None, :]
+    xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
+    m_s = (valid & (p < 0))[:, None] & mask_d[None, :]
+    sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
+    window = xv.to(tl.float32) + sv.to(tl.float32)  # [KW, BD]
+    tl.debug_barrier()  # every thread has read the old window before anyone overwrites it
+    tl.store(state_base + offs_k[:, None] * stride_s_k, window.to(state_base.dtype.element_ty),
+             mask=valid[:, None] & mask_d[None, :])
 
 
 def causal_conv1d_varlen(
@@ -93,6 +124,7 @@ def causal_conv1d_varlen(
     activation: str | None = "silu",
     intermediate_conv_windows: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    max_seqlen: int | None = None,
 ) -> torch.Tensor:
     """Causal depthwise conv over a varlen batch; decode (1 token per row) and prefill alike.
 
@@ -105,7 +137,9 @@ def causal_conv1d_varlen(
     intermediate_conv_windows: optional [B_scratch >= B, S, D, K-1] verify scratch: row b,
     step s receives the window after token s of batch row b (steps >= S are dropped), and
     conv_states is NOT written;
-    out: optional [T, D] output buffer (last dim contiguous).
+    out: optional [T, D] output buffer (last dim contiguous);
+    max_seqlen: optional host bound on a row's tokens: long rows are then cut into tiles of
+    TOKEN_TILE tokens run in parallel.
     Returns y: [T, D] in x's dtype. Math in fp32.
     """
     if activation not in (None, "silu", "swish"):
@@ -140,7 +174,8 @@ def causal_conv1d_varlen(
     block_t = 1 if tokens_per_row <= 1 else min(32, next_pow2(int(tokens_per_row)))
     block_d = 256 if tokens_per_row <= 1 else 64
     block_d = min(block_d, next_pow2(dim))
-    grid = (batch, triton.cdiv(dim, block_d))
+    tiles = 1 if verify or max_seqlen is None else triton.cdiv(max_seqlen, TOKEN_TILE)
+    grid = (batch, triton.cdiv(dim, block_d), tiles)
     _causal_conv1d_varlen_kernel[grid](
         x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y, inter,
         dim, conv_states.shape[0], inter.shape[0], inter.shape[1],
@@ -148,6 +183,12 @@ def causal_conv1d_varlen(
         conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
-        VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d,
+        VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d, TILE=TOKEN_TILE if tiles > 1 else 1 << 30,
+        WRITE_WINDOW=not verify and tiles == 1,
     )
+    if not verify and tiles > 1:
+        _conv_window_kernel[(batch, triton.cdiv(dim, block_d))](
+            x, conv_states, state_slots, cu_seqlens, dim, conv_states.shape[0], x.stride(0),
+            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
+            K=width, KW_PAD=next_pow2(width - 1), BLOCK_D=block_d)
     return y

@@ -31,8 +31,9 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._chunks import ChunkTable
 from .._common import FLOAT_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
+from .triton_l2norm import l2norm
 
-CHUNK = 64  # tokens per chunk (BT)
+CHUNK = 64  # tokens per chunk (BT): 4 sub-chunks of 16 in the prepare kernel
 
 
 @triton.jit
@@ -45,6 +46,72 @@ def _cumsum_chunk(g_ptr, stride_g_t, t0, n, hv, BT: tl.constexpr):
 
 
 @triton.jit
+def _sub_rows(ptr, stride_t, head_off, t0, r0, n, D: tl.constexpr, BD: tl.constexpr):
+    """Rows r0 .. r0+15 of the chunk, [16, BD] (0 past the chunk's n tokens and past D)."""
+    rows = r0 + tl.arange(0, 16)
+    offs_d = tl.arange(0, BD)
+    return tl.load(ptr + (t0 + rows)[:, None] * stride_t + head_off + offs_d[None, :],
+                   mask=(rows < n)[:, None] & (offs_d < D)[None, :], other=0.0)
+
+
+@triton.jit
+def _sub_gates(g_ptr, beta_ptr, stride_g_t, stride_b_t, hv, t0, r0, n, g_before):
+    """Sub-chunk r0 .. r0+15: cumulative log decay G [16] (continuing from g_before), beta [16],
+    and the cumulative decay at its end."""
+    rows = r0 + tl.arange(0, 16)
+    g = tl.load(g_ptr + (t0 + rows) * stride_g_t + hv, mask=rows < n, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + (t0 + rows) * stride_b_t + hv, mask=rows < n, other=0.0).to(tl.float32)
+    G = g_before + tl.cumsum(g, axis=0)
+    return G, beta, g_before + tl.sum(g, axis=0)
+
+
+@triton.jit
+def _a_block(ki, kj, Gi, Gj, beta_i, DIAG: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """A_ij = beta_t k_t.k_s exp(G_t - G_s) for rows t of sub-chunk i, columns s of j (strictly
+    below the diagonal when i == j). [16, 16] fp32."""
+    A = tl.dot(ki, tl.trans(kj), input_precision=DOT_PRECISION) * tl.exp(
+        tl.minimum(Gi[:, None] - Gj[None, :], 0.0)) * beta_i[:, None]
+    if DIAG:
+        offs = tl.arange(0, 16)
+        A = tl.where(offs[:, None] > offs[None, :], A, 0.0)
+    return A
+
+
+@triton.jit
+def _inv_unit_lower(A):
+    """(I + A)^-1 for a strictly lower-triangular A [16, 16] (fp32), by forward substitution."""
+    offs = tl.arange(0, 16)
+    rows = offs[:, None]
+    Tm = tl.zeros([16, 16], dtype=tl.float32)
+    for i in range(16):
+        a_i = tl.sum(tl.where(rows == i, A, 0.0), axis=0)
+        t_i = tl.where(offs == i, 1.0, -tl.sum(a_i[:, None] * Tm, axis=0))
+        Tm = tl.where(rows == i, t_i[None, :], Tm)
+    return Tm
+
+
+@triton.jit
+def _mm(a, b):
+    """fp32 product of two [16, 16] fp32 blocks (the inverse's own arithmetic stays fp32)."""
+    return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _store_wy(Ti0, Ti1, Ti2, Ti3, x0, x1, x2, x3, dst_ptr, stride_t, head_off, t0, r0, n, D: tl.constexpr,
+              BD: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """dst rows of sub-chunk i = sum_j Tm_ij x_j (x_j: [16, BD] scaled inputs in the dot dtype)."""
+    dt = x0.dtype
+    acc = tl.dot(Ti0.to(dt), x0, input_precision=DOT_PRECISION)
+    acc += tl.dot(Ti1.to(dt), x1, input_precision=DOT_PRECISION)
+    acc += tl.dot(Ti2.to(dt), x2, input_precision=DOT_PRECISION)
+    acc += tl.dot(Ti3.to(dt), x3, input_precision=DOT_PRECISION)
+    rows = r0 + tl.arange(0, 16)
+    offs_d = tl.arange(0, BD)
+    tl.store(dst_ptr + (t0 + rows)[:, None] * stride_t + head_off + offs_d[None, :],
+             acc.to(dst_ptr.dtype.element_ty), mask=(rows < n)[:, None] & (offs_d < D)[None, :])
+
+
+@triton.jit
 def _chunk_prepare_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, chunk_start_ptr, chunk_len_ptr,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t, stride_b_t,
@@ -52,48 +119,61 @@ def _chunk_prepare_kernel(
     HEADS_PER_K: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """w = Tm (beta exp(G) k), u = Tm (beta v) for one chunk (BT = 64 = 4 sub-chunks of 16) of
+    one value head. Tm = (I + A)^-1 block by block: each diagonal 16x16 block by forward
+    substitution, the blocks below it from them (Tm_ij = -Tm_ii sum_k A_ik Tm_kj), on tensor cores."""
     c, hv = tl.program_id(0), tl.program_id(1)
     h = hv // HEADS_PER_K
     t0 = tl.load(chunk_start_ptr + c).to(tl.int64)
     n = tl.load(chunk_len_ptr + c)
-    offs_t = tl.arange(0, BT)
-    mask_t = offs_t < n
-    G, _ = _cumsum_chunk(g_ptr, stride_g_t, t0, n, hv, BT)
-    beta = tl.load(beta_ptr + (t0 + offs_t) * stride_b_t + hv, mask=mask_t, other=0.0).to(tl.float32)
-    # A = strict_lower(beta_t k_t.k_j Gamma_tj), accumulated over blocks of K
-    A = tl.zeros([BT, BT], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        kk = tl.load(k_ptr + (t0 + offs_t)[:, None] * stride_k_t + h * stride_k_h + offs_k[None, :],
-                     mask=mask_t[:, None] & (offs_k[None, :] < K), other=0.0)
-        A += tl.dot(kk, tl.trans(kk), input_precision=DOT_PRECISION)
-    rows, cols = offs_t[:, None], offs_t[None, :]
-    A = tl.where((rows > cols) & (cols < n), A * tl.exp(tl.minimum(G[:, None] - G[None, :], 0.0)) * beta[:, None], 0.0)
-    # Tm = (I + A)^-1 by forward substitution: row i = e_i - sum_{j<i} A_ij Tm_j
-    Tm = tl.zeros([BT, BT], dtype=tl.float32)
-    for i in range(BT):
-        a_i = tl.sum(tl.where(rows == i, A, 0.0), axis=0)  # [BT] row i of A
-        t_i = tl.where(offs_t == i, 1.0, -tl.sum(a_i[:, None] * Tm, axis=0))
-        Tm = tl.where(rows == i, t_i[None, :], Tm)
-    Tm_d = Tm.to(k_ptr.dtype.element_ty)
-    _tm_times_rows(Tm_d, k_ptr, stride_k_t, h * stride_k_h, w_ptr, stride_w_t, hv * stride_w_h, t0, offs_t, mask_t,
-                   beta * tl.exp(G), K, BK, DOT_PRECISION)  # w = Tm (beta exp(G) k)
-    _tm_times_rows(Tm_d, v_ptr, stride_v_t, hv * stride_v_h, u_ptr, stride_u_t, hv * stride_u_h, t0, offs_t, mask_t,
-                   beta, V, BV, DOT_PRECISION)  # u = Tm (beta v)
-
-
-@triton.jit
-def _tm_times_rows(Tm_d, src_ptr, stride_src_t, src_head, dst_ptr, stride_dst_t, dst_head, t0, offs_t, mask_t,
-                   row_scale, D: tl.constexpr, BD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dst[t0 + t, head, :] = Tm (row_scale * src[t0 + t, head, :]) for the chunk's rows, in blocks of BD."""
-    for d0 in range(0, D, BD):
-        offs_d = d0 + tl.arange(0, BD)
-        mask = mask_t[:, None] & (offs_d < D)[None, :]
-        x = tl.load(src_ptr + (t0 + offs_t)[:, None] * stride_src_t + src_head + offs_d[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
-        y = tl.dot(Tm_d, (x * row_scale[:, None]).to(Tm_d.dtype), input_precision=DOT_PRECISION)
-        tl.store(dst_ptr + (t0 + offs_t)[:, None] * stride_dst_t + dst_head + offs_d[None, :],
-                 y.to(dst_ptr.dtype.element_ty), mask=mask)
+    G0, b0, s = _sub_gates(g_ptr, beta_ptr, stride_g_t, stride_b_t, hv, t0, 0, n, 0.0)
+    G1, b1, s = _sub_gates(g_ptr, beta_ptr, stride_g_t, stride_b_t, hv, t0, 16, n, s)
+    G2, b2, s = _sub_gates(g_ptr, beta_ptr, stride_g_t, stride_b_t, hv, t0, 32, n, s)
+    G3, b3, s = _sub_gates(g_ptr, beta_ptr, stride_g_t, stride_b_t, hv, t0, 48, n, s)
+    koff = h * stride_k_h
+    k0 = _sub_rows(k_ptr, stride_k_t, koff, t0, 0, n, K, BK)
+    k1 = _sub_rows(k_ptr, stride_k_t, koff, t0, 16, n, K, BK)
+    k2 = _sub_rows(k_ptr, stride_k_t, koff, t0, 32, n, K, BK)
+    k3 = _sub_rows(k_ptr, stride_k_t, koff, t0, 48, n, K, BK)
+    A10 = _a_block(k1, k0, G1, G0, b1, False, DOT_PRECISION)
+    A20 = _a_block(k2, k0, G2, G0, b2, False, DOT_PRECISION)
+    A21 = _a_block(k2, k1, G2, G1, b2, False, DOT_PRECISION)
+    A30 = _a_block(k3, k0, G3, G0, b3, False, DOT_PRECISION)
+    A31 = _a_block(k3, k1, G3, G1, b3, False, DOT_PRECISION)
+    A32 = _a_block(k3, k2, G3, G2, b3, False, DOT_PRECISION)
+    T00 = _inv_unit_lower(_a_block(k0, k0, G0, G0, b0, True, DOT_PRECISION))
+    T11 = _inv_unit_lower(_a_block(k1, k1, G1, G1, b1, True, DOT_PRECISION))
+    T22 = _inv_unit_lower(_a_block(k2, k2, G2, G2, b2, True, DOT_PRECISION))
+    T33 = _inv_unit_lower(_a_block(k3, k3, G3, G3, b3, True, DOT_PRECISION))
+    T10 = -_mm(T11, _mm(A10, T00))
+    T21 = -_mm(T22, _mm(A21, T11))
+    T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
+    T32 = -_mm(T33, _mm(A32, T22))
+    T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
+    T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+    zero = tl.zeros([16, 16], dtype=tl.float32)
+    dt = k_ptr.dtype.element_ty
+    # w = Tm (beta exp(G) k)
+    x0 = (k0.to(tl.float32) * (b0 * tl.exp(G0))[:, None]).to(dt)
+    x1 = (k1.to(tl.float32) * (b1 * tl.exp(G1))[:, None]).to(dt)
+    x2 = (k2.to(tl.float32) * (b2 * tl.exp(G2))[:, None]).to(dt)
+    x3 = (k3.to(tl.float32) * (b3 * tl.exp(G3))[:, None]).to(dt)
+    woff = hv * stride_w_h
+    _store_wy(T00, zero, zero, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 0, n, K, BK, DOT_PRECISION)
+    _store_wy(T10, T11, zero, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 16, n, K, BK, DOT_PRECISION)
+    _store_wy(T20, T21, T22, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 32, n, K, BK, DOT_PRECISION)
+    _store_wy(T30, T31, T32, T33, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 48, n, K, BK, DOT_PRECISION)
+    # u = Tm (beta v)
+    voff = hv * stride_v_h
+    y0 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 0, n, V, BV).to(tl.float32) * b0[:, None]).to(dt)
+    y1 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 16, n, V, BV).to(tl.float32) * b1[:, None]).to(dt)
+    y2 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 32, n, V, BV).to(tl.float32) * b2[:, None]).to(dt)
+    y3 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 48, n, V, BV).to(tl.float32) * b3[:, None]).to(dt)
+    uoff = hv * stride_u_h
+    _store_wy(T00, zero, zero, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 0, n, V, BV, DOT_PRECISION)
+    _store_wy(T10, T11, zero, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 16, n, V, BV, DOT_PRECISION)
+    _store_wy(T20, T21, T22, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 32, n, V, BV, DOT_PRECISION)
+    _store_wy(T30, T31, T32, T33, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 48, n, V, BV, DOT_PRECISION)
 
 
 @triton.jit
@@ -231,9 +311,9 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
             k, v, g, beta, w, vnew, chunks.chunk_start, chunks.chunk_len,
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
             w.stride(0), w.stride(1), vnew.stride(0), vnew.stride(1),
-            BK=min(bk, 64), BV=min(bv, 64), num_warps=4, **common)
+            BK=bk, BV=bv, num_warps=4, **common)
     h = torch.empty((nc, num_v_heads, dk, dv), dtype=dtype, device=q.device)  # chunk-start states
-    bv_state = min(bv, 64)
+    bv_state = min(bv, 32)  # more programs: the state kernel is sequential over a row's chunks
     _chunk_state_kernel[(triton.cdiv(dv, bv_state), num_v_heads, batch)](
         k, v, g, w, vnew, h, states, state_slots, chunks.row_chunks, chunks.chunk_start, chunks.chunk_len,
         chunks.chunk_ckpt_slot, states.shape[0],
@@ -259,15 +339,8 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     receive the states at their positions); state_slots: [B]. Returns o: [T, HV, Dv] in v's dtype."""
     check_tensor("ssm_states", ssm_states, ndim=4, dtypes=(torch.float32,))
     if use_qk_l2norm:  # in fp32, rounded once to the model dtype (the dots' inputs)
-        q = _l2norm(q)
-        k = _l2norm(k)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q, k = l2norm(q), l2norm(k)
     return chunked_recurrence(q, k, v, g.float().contiguous(), beta.contiguous(), ssm_states, state_slots, chunks,
                               q.shape[-1] ** -0.5 if scale is None else scale,
                               state_kv=(ssm_states.stride(2), ssm_states.stride(3)))
 
-
-def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x * rsqrt(sum(x^2) + eps) in fp32, in x's dtype (as l2norm_ref)."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt((x32 * x32).sum(dim=-1, keepdim=True) + eps)).to(x.dtype)

@@ -44,5 +44,4 @@ class PagedAttention(nn.Module):
         """q: [T, Hq, D]; k, v: [T, Hkv, D]; returns [T, Hq, D]."""
         k_cache = fb.kv_pool.k_buffers[self.attn_layer_id]
         v_cache = fb.kv_pool.v_buffers[self.attn_layer_id]
-        ops.store_kv(k_cache, v_cache, k, v, fb)
-        return ops.paged_attention(q, k_cache, v_cache, self.scale, fb)
+        return ops.attention(q, k, v, k_cache, v_cache, self.scale, fb)

@@ -93,6 +93,27 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     fn(k_cache, v_cache, fb.kv_slots, k, v)
 
 
+# Rows with more new tokens than this (prefill chunks) take the extend-attention kernel (their
+# new keys read contiguously, one q head per program); shorter rows (decode, verify) the paged
+# kernel, whose token-major rows share each K/V tile across a GQA group.
+EXTEND_ATTENTION_MIN_TOKENS = 32
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+              scale: float, fb: ForwardBatch) -> torch.Tensor:
+    """Store this step's K/V at fb.kv_slots, then causal attention of q [T, Hq, D] over each
+    request's context -> [T, Hq, Dv] in q's dtype. k: [T, Hkv, D]; v: [T, Hkv, Dv]."""
+    store_kv(k_cache, v_cache, k, v, fb)
+    if not use_triton(q) or fb.max_extend_len < EXTEND_ATTENTION_MIN_TOKENS:
+        return paged_attention(q, k_cache, v_cache, scale, fb)
+    o = _attn.extend_attention(q, k, v, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
+                               fb.cu_seqlens, scale, min_tokens=EXTEND_ATTENTION_MIN_TOKENS)
+    if fb.min_extend_len is None or fb.min_extend_len < EXTEND_ATTENTION_MIN_TOKENS:  # short rows too
+        _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens, fb.cu_seqlens,
+                              scale, out=o, skip_longer_than=EXTEND_ATTENTION_MIN_TOKENS - 1)
+    return o
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
                     fb: ForwardBatch) -> torch.Tensor:
     """q: [T, Hq, D] over each request's paged context -> [T, Hq, Dv] in q's dtype."""
@@ -122,7 +143,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if fb.checkpoints:
         _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host.cu_seqlens, fb.checkpoints)
     if use_triton(x):
-        return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation)
+        return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
+                                          max_seqlen=fb.max_extend_len)
     return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.host.state_slots, fb.host.cu_seqlens,
                                           activation)
 

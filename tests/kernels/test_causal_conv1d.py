@@ -21,14 +21,14 @@ def _setup(lens, slots, dim, width, dtype, bias, device=DEVICE, seed=0, num_slot
     return to(x), to(weight), to(b), to(pool)
 
 
-def _run_both(lens, slots, dim, width, dtype, bias, activation, device=DEVICE, num_slots=NUM_SLOTS):
+def _run_both(lens, slots, dim, width, dtype, bias, activation, device=DEVICE, num_slots=NUM_SLOTS, max_seqlen=None):
     x, w, b, pool = _setup(lens, slots, dim, width, dtype, bias, device, num_slots=num_slots)
     pool_ref = pool.clone()
     want = causal_conv1d_varlen_ref(x, w, b, pool_ref, slots, cu_seqlens(lens, "cpu").tolist(), activation)
     out = torch.full_like(x, float("nan"))
     got = causal_conv1d_varlen(
         x, w, b, pool, torch.tensor(slots, dtype=torch.int32, device=device), cu_seqlens(lens, device),
-        activation, out=out,
+        activation, out=out, max_seqlen=max_seqlen,
     )
     assert got is out
     return got, want, pool, pool_ref
@@ -49,6 +49,19 @@ def test_conv_fp32_matches_ref(lens, slots, bias, activation):
     got, want, pool, pool_ref = _run_both(lens, slots, 20, 4, torch.float32, bias, activation)
     assert rel_err(got, want) < 1e-6
     # written windows equal, untouched slots (NaN / negative rows) still NaN
+    assert torch.equal(torch.isnan(pool), torch.isnan(pool_ref))
+    assert rel_err(pool.nan_to_num(), pool_ref.nan_to_num()) < 1e-7
+
+
+@pytest.mark.parametrize("lens,slots", [([40, 7, 2], [1, -1, 4]), ([17], [2])], ids=["3rows", "1row"])
+def test_conv_long_rows_in_parallel_tiles(lens, slots, monkeypatch):
+    """With the host's max_seqlen the rows are cut into token tiles run in parallel, and a
+    second launch writes the windows (after every tile read the old ones)."""
+    from hybrid_serve.kernels.causal_conv1d import triton_conv
+
+    monkeypatch.setattr(triton_conv, "TOKEN_TILE", 8)
+    got, want, pool, pool_ref = _run_both(lens, slots, 20, 4, torch.float32, True, "silu", max_seqlen=max(lens))
+    assert rel_err(got, want) < 1e-6
     assert torch.equal(torch.isnan(pool), torch.isnan(pool_ref))
     assert rel_err(pool.nan_to_num(), pool_ref.nan_to_num()) < 1e-7
 

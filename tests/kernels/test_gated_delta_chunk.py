@@ -69,3 +69,13 @@ def test_chunked_serving_shapes(lens):
     ckpts = [(0, 256 * i, 7 + i) for i in range(1, min(4, lens[0] // 256))]
     _check(lens, [0] * len(lens), list(range(1, len(lens) + 1)), ckpts, 16, 32, 128, 128, torch.bfloat16, 2e-2,
            num_slots=12)
+
+
+def test_l2norm_kernel_matches_ref_on_strided_rows():
+    from hybrid_serve.kernels.gated_delta import l2norm_ref
+    from hybrid_serve.kernels.gated_delta.triton_l2norm import l2norm
+
+    x = torch.randn(9, 3 * 40 + 5, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    view = x[:, 5:].view(9, 3, 40)[:, :, :24]  # strided rows, like q of the conv output
+    got = l2norm(view)
+    assert got.is_contiguous() and rel_err(got.cpu(), l2norm_ref(view.cpu())) < 1e-6

@@ -82,6 +82,8 @@ def models(reference_models):
 STEPS = {
     "prefill-2-chunks": [([1], [0], [5]), ([1], [5], [7])],
     "varlen-then-decode": [([2, 1, 3], [0, 0, 0], [4, 7, 2]), ([2, 1, 3], [4, 7, 2], [1, 1, 1])],
+    # chunked state kernels, extend attention for the long row beside the paged kernel for the others
+    "long-mixed-then-decode": [([2, 1, 3], [0, 0, 0], [40, 1, 12]), ([2, 1, 3], [40, 1, 12], [1, 33, 1])],
 }
 
 
@@ -90,7 +92,7 @@ STEPS = {
 def test_triton_path_matches_reference(family, steps, models, monkeypatch):
     model = models(family, "cpu")
     gen = torch.Generator().manual_seed(1)
-    token_ids = {row: torch.randint(0, model.hf_config.vocab_size, (12,), generator=gen) for row in ROW_STATE_SLOTS}
+    token_ids = {row: torch.randint(0, model.hf_config.vocab_size, (48,), generator=gen) for row in ROW_STATE_SLOTS}
     ref_logits, ref_pools = _run(model, STEPS[steps], token_ids, False, monkeypatch)
     tri_logits, tri_pools = _run(models(family, TRITON_DEVICE), STEPS[steps], token_ids, True, monkeypatch,
                                  TRITON_DEVICE)
