@@ -2,7 +2,8 @@
 in the paged KV pool and, causally, to the step's own keys, read straight from this step's
 contiguous k / v (as SGLang's extend attention does): no gathers for the new part.
 
-One program per (q block of BLOCK_M new tokens of one request, q head)::
+One program per (q block of one request, kv head); its BLOCK_M rows are (new token, q head
+of the kv head's group) pairs, token-major, so a GQA group shares each K/V tile::
 
     stage 1  keys 0 .. prefix_len-1        paged: req_to_token[req_rows[b], pos] -> k_cache/v_cache
     stage 2  keys of the step's tokens     k[cu[b] + j], j <= the q token (the causal diagonal)
@@ -21,6 +22,9 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_launch_device, check_tensor, next_pow2
 
 LOG2E = 1.4426950408889634
+# Rows of a program: (token, q head of the kv head's group) pairs, so the GQA group's heads
+# share every K/V tile (1/GROUP of the K/V traffic of one program per q head).
+PACK_GROUP = True
 
 
 @triton.jit
@@ -44,10 +48,11 @@ def _extend_attention_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_o_t, stride_o_h,
     stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h, stride_rtt,
     GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, PACK: tl.constexpr,
 ):
-    pid, h = tl.program_id(0), tl.program_id(1)
-    hk = h // GROUP
+    pid, hh = tl.program_id(0), tl.program_id(1)  # hh: the q head, or with PACK the kv head
+    hk = hh if PACK else hh // GROUP
+    ROWS_PER_TOKEN: tl.constexpr = GROUP if PACK else 1
     if pid >= tl.load(cu_blocks_ptr + batch):
         return
     lo = pid * 0  # request b: the largest b with cu_blocks[b] <= pid
@@ -64,11 +69,13 @@ def _extend_attention_kernel(
     prefix = tl.load(prefix_ptr + b)
     req_row = tl.load(req_rows_ptr + b).to(tl.int64)
 
-    offs_m = blk * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] new-token index in the request
+    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM] (token, head) rows, token-major
+    offs_m = rows // ROWS_PER_TOKEN  # new-token index in the request
+    h = hk * GROUP + rows % GROUP if PACK else hh + rows * 0  # q head of each row
     mask_m = offs_m < ext
     offs_d, offs_dv = tl.arange(0, BD), tl.arange(0, BDV)
     mask_d, mask_dv = offs_d < D, offs_dv < DV
-    q = tl.load(q_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_q_t + h * stride_q_h + offs_d[None, :],
+    q = tl.load(q_ptr + ((q_start + offs_m).to(tl.int64) * stride_q_t + h * stride_q_h)[:, None] + offs_d[None, :],
                 mask=mask_m[:, None] & mask_d[None, :], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -86,7 +93,7 @@ def _extend_attention_kernel(
         m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), qk_scale_log2,
                                       mask_m[:, None] & mask_n[None, :], m_i, l_i, acc, DOT_PREC)
     # stage 2: the step's own keys up to the block's last row (causal)
-    hi_n = tl.minimum(ext, (blk + 1) * BLOCK_M)
+    hi_n = tl.minimum(ext, ((blk + 1) * BLOCK_M - 1) // ROWS_PER_TOKEN + 1)
     for n0 in range(0, hi_n, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < hi_n
@@ -99,14 +106,16 @@ def _extend_attention_kernel(
         m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), qk_scale_log2, visible, m_i, l_i, acc,
                                       DOT_PREC)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(o_ptr + (q_start + offs_m).to(tl.int64)[:, None] * stride_o_t + h * stride_o_h + offs_dv[None, :],
+    tl.store(o_ptr + ((q_start + offs_m).to(tl.int64) * stride_o_t + h * stride_o_h)[:, None] + offs_dv[None, :],
              out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_dv[None, :])
 
 
 def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, req_to_token: torch.Tensor, req_rows: torch.Tensor,
                      prefix_lens: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-                     out: torch.Tensor | None = None, min_tokens: int = 1) -> torch.Tensor:
+                     out: torch.Tensor | None = None, min_tokens: int = 1, pack_group: bool | None = None,
+                     block_m: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                     num_stages: int = 2) -> torch.Tensor:
     """Causal attention of each request's new tokens over its cached prefix and themselves.
 
     q: [T, Hq, D]; k: [T, Hkv, D], v: [T, Hkv, Dv] this step's keys/values (the same ones
@@ -134,21 +143,26 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     o = out if out is not None else torch.empty((num_tokens, num_q_heads, dv), dtype=q.dtype, device=q.device)
     if batch == 0 or num_tokens == 0:
         return o
+    group = num_q_heads // num_kv_heads
+    pack = PACK_GROUP if pack_group is None else pack_group
     large = max(head_dim, dv) > 128
-    block_m, block_n = (64, 64) if large else (128, 64)
+    default_m, default_n = (128, 64) if pack or not large else (64, 64)
+    block_m, block_n = block_m or default_m, block_n or default_n
     if q.device.type == "cpu":  # the interpreter: small tiles keep the tests quick
         block_m, block_n = 16, 16
+    rows_per_token = group if pack else 1
     ext = cu_seqlens[1:] - cu_seqlens[:-1]
     cu_blocks = torch.zeros(batch + 1, dtype=torch.int32, device=q.device)
-    cu_blocks[1:] = torch.cumsum(torch.where(ext >= min_tokens, (ext + block_m - 1) // block_m, 0), 0)
-    grid_m = triton.cdiv(num_tokens, block_m) + batch  # >= the q blocks, from shapes only
-    _extend_attention_kernel[(grid_m, num_q_heads)](
+    cu_blocks[1:] = torch.cumsum(torch.where(ext >= min_tokens, (ext * rows_per_token + block_m - 1) // block_m, 0), 0)
+    grid_m = triton.cdiv(num_tokens * rows_per_token, block_m) + batch  # >= the q blocks, from shapes only
+    _extend_attention_kernel[(grid_m, num_kv_heads if pack else num_q_heads)](
         q, k, v, o, k_cache, v_cache, req_to_token, req_rows, prefix_lens, cu_seqlens, cu_blocks, batch,
         float(scale) * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
-        GROUP=num_q_heads // num_kv_heads, D=head_dim, DV=dv, BD=max(16, next_pow2(head_dim)),
-        BDV=max(16, next_pow2(dv)), BLOCK_M=block_m, BLOCK_N=block_n,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=8 if large else 4, num_stages=2,
+        GROUP=group, D=head_dim, DV=dv, BD=max(16, next_pow2(head_dim)),
+        BDV=max(16, next_pow2(dv)), BLOCK_M=block_m, BLOCK_N=block_n, PACK=pack,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or (8 if large else 4),
+        num_stages=num_stages,
     )
     return o

@@ -125,6 +125,9 @@ def causal_conv1d_varlen(
     intermediate_conv_windows: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     max_seqlen: int | None = None,
+    block_d: int | None = None,
+    block_t: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Causal depthwise conv over a varlen batch; decode (1 token per row) and prefill alike.
 
@@ -139,7 +142,7 @@ def causal_conv1d_varlen(
     conv_states is NOT written;
     out: optional [T, D] output buffer (last dim contiguous);
     max_seqlen: optional host bound on a row's tokens: long rows are then cut into tiles of
-    TOKEN_TILE tokens run in parallel.
+    TOKEN_TILE tokens run in parallel; block_d, block_t, num_warps: tuning.
     Returns y: [T, D] in x's dtype. Math in fp32.
     """
     if activation not in (None, "silu", "swish"):
@@ -171,9 +174,8 @@ def causal_conv1d_varlen(
     inter = verify_scratch("intermediate_conv_windows", intermediate_conv_windows, (dim, width - 1), batch,
                            cu_seqlens, conv_states, last_contiguous=False)
     tokens_per_row = num_tokens / batch
-    block_t = 1 if tokens_per_row <= 1 else min(32, next_pow2(int(tokens_per_row)))
-    block_d = 256 if tokens_per_row <= 1 else 64
-    block_d = min(block_d, next_pow2(dim))
+    block_t = block_t or (1 if tokens_per_row <= 1 else min(32, next_pow2(int(tokens_per_row))))
+    block_d = min(block_d or (256 if tokens_per_row <= 1 else 64), next_pow2(dim))
     tiles = 1 if verify or max_seqlen is None else triton.cdiv(max_seqlen, TOKEN_TILE)
     grid = (batch, triton.cdiv(dim, block_d), tiles)
     _causal_conv1d_varlen_kernel[grid](
@@ -184,7 +186,7 @@ def causal_conv1d_varlen(
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
         VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d, TILE=TOKEN_TILE if tiles > 1 else 1 << 30,
-        WRITE_WINDOW=not verify and tiles == 1,
+        WRITE_WINDOW=not verify and tiles == 1, **({"num_warps": num_warps} if num_warps else {}),
     )
     if not verify and tiles > 1:
         _conv_window_kernel[(batch, triton.cdiv(dim, block_d))](

@@ -1,6 +1,8 @@
 """Hybrid prefix cache through the engine, every family: identical greedy tokens with the
 cache on and off on a multi-turn workload, hits at checkpoint granularity, and preemption
 under memory pressure."""
+import os
+
 import pytest
 import torch
 
@@ -111,8 +113,9 @@ def test_checkpoints_inside_one_step_are_written_by_the_kernels(family, kernels,
     if kernels == "triton":
         length, shared, params = 40, 34, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
     model_dir, ref = reference_models(family)
+    device = "cuda" if kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     kwargs = dict(model=model_dir, dtype="float32", page_size=PAGE, state_checkpoint_interval=INTERVAL,
-                  chunked_prefill_size=512, max_num_batched_tokens=512)
+                  chunked_prefill_size=512, max_num_batched_tokens=512, device=device)
     llm = LLM(**kwargs)
     plans = []
     execute = llm.engine.shard.execute
