@@ -21,12 +21,22 @@ chunked state kernels' `chunk_table` is built without a sync.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from ..device_io import to_device
 from ..kernels._chunks import ChunkTable, build_chunk_table
 from ..mem_cache import KVPool, RequestRowTable, StatePool
+
+
+class PlanLists(NamedTuple):
+    """The step plan's per-row host lists (what `from_plan` was given)."""
+
+    req_rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    cu_seqlens: list[int]  # [B+1]
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,7 @@ class ForwardBatch:
     # write (the state after `offset` of the row's tokens), and the plan's host lists
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
     min_extend_len: int | None = None  # min(extend_lens) when known on the host
-    _plan_lists: tuple[list[int], list[int], list[int], list[int]] | None = field(default=None, repr=False)
+    plan: PlanLists | None = None  # the plan's host lists (no sync to read): batches from `from_plan`
     _host: HostView | None = field(default=None, repr=False)
     _chunks: dict[int, ChunkTable] = field(default_factory=dict, repr=False)
 
@@ -75,8 +85,8 @@ class ForwardBatch:
     def host(self) -> HostView:
         """Host lists of the per-row metadata (reference kernels only; syncs once on CUDA)."""
         if self._host is None:
-            lists = self._plan_lists or (self.req_rows.tolist(), self.prefix_lens.tolist(), self.extend_lens.tolist(),
-                                         self.cu_seqlens.tolist())
+            lists = self.plan or (self.req_rows.tolist(), self.prefix_lens.tolist(), self.extend_lens.tolist(),
+                                  self.cu_seqlens.tolist())
             self._host = HostView(*lists, state_slots=self.state_slots.tolist())
         return self._host
 
@@ -84,10 +94,10 @@ class ForwardBatch:
         """How the chunked state kernels cut this batch (built once per step, from the
         plan's host lists: batches from `from_plan` only)."""
         if chunk not in self._chunks:
-            if self._plan_lists is None:
+            if self.plan is None:
                 raise ValueError("the chunked kernels need a batch built from a step plan (ForwardBatch.from_plan)")
-            _, prefix_lens, _, cu = self._plan_lists
-            self._chunks[chunk] = build_chunk_table(cu, prefix_lens, self.checkpoints, self.req_rows.device, chunk)
+            self._chunks[chunk] = build_chunk_table(self.plan.cu_seqlens, self.plan.prefix_lens, self.checkpoints,
+                                                    self.req_rows.device, chunk)
         return self._chunks[chunk]
 
     @classmethod
@@ -134,5 +144,5 @@ class ForwardBatch:
                        state_pool)
         fb.checkpoints = list(checkpoints)
         fb.min_extend_len = min(extend_lens)
-        fb._plan_lists = (list(req_rows), list(prefix_lens), list(extend_lens), cu)
+        fb.plan = PlanLists(list(req_rows), list(prefix_lens), list(extend_lens), cu)
         return fb

@@ -1,5 +1,6 @@
 from .._common import HAS_TRITON, missing_triton
 from .ref import paged_attention_ref, store_kv_ref
+from .sdpa_extend import extend_attention_sdpa
 
 if HAS_TRITON:
     from .triton_extend import extend_attention
@@ -9,4 +10,5 @@ else:
     paged_attention = missing_triton("paged_attention")
     store_kv = missing_triton("store_kv")
 
-__all__ = ["extend_attention", "paged_attention", "paged_attention_ref", "store_kv", "store_kv_ref"]
+__all__ = ["extend_attention", "extend_attention_sdpa", "paged_attention", "paged_attention_ref", "store_kv",
+           "store_kv_ref"]

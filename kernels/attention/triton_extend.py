@@ -2,8 +2,8 @@
 in the paged KV pool and, causally, to the step's own keys, read straight from this step's
 contiguous k / v (as SGLang's extend attention does): no gathers for the new part.
 
-One program per (q block of one request, kv head); its BLOCK_M rows are (new token, q head
-of the kv head's group) pairs, token-major, so a GQA group shares each K/V tile::
+One program per (q block of one request, q head) (or, with PACK_GROUP, per kv head, its
+rows (new token, q head of the group) pairs sharing each K/V tile)::
 
     stage 1  keys 0 .. prefix_len-1        paged: req_to_token[req_rows[b], pos] -> k_cache/v_cache
     stage 2  keys of the step's tokens     k[cu[b] + j], j <= the q token (the causal diagonal)
@@ -24,7 +24,8 @@ from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_launch
 LOG2E = 1.4426950408889634
 # Rows of a program: (token, q head of the kv head's group) pairs, so the GQA group's heads
 # share every K/V tile (1/GROUP of the K/V traffic of one program per q head).
-PACK_GROUP = True
+PACK_GROUP = False  # measured on an H100 at 2.3B shapes: one q head per program is as fast (prefix 0) or
+#                    faster (24k prefix: 9.98 vs 10.73 ms), benchmarks/prefill_kernels_tune.py
 
 
 @triton.jit
@@ -145,8 +146,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         return o
     group = num_q_heads // num_kv_heads
     pack = PACK_GROUP if pack_group is None else pack_group
-    large = max(head_dim, dv) > 128
-    default_m, default_n = (128, 64) if pack or not large else (64, 64)
+    default_m, default_n = 128, 64
     block_m, block_n = block_m or default_m, block_n or default_n
     if q.device.type == "cpu":  # the interpreter: small tiles keep the tests quick
         block_m, block_n = 16, 16
@@ -162,7 +162,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         GROUP=group, D=head_dim, DV=dv, BD=max(16, next_pow2(head_dim)),
         BDV=max(16, next_pow2(dv)), BLOCK_M=block_m, BLOCK_N=block_n, PACK=pack,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or (8 if large else 4),
+        DOT_PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or 8,
         num_stages=num_stages,
     )
     return o

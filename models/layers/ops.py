@@ -97,6 +97,9 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 # new keys read contiguously, one q head per program); shorter rows (decode, verify) the paged
 # kernel, whose token-major rows share each K/V tile across a GQA group.
 EXTEND_ATTENTION_MIN_TOKENS = 32
+# A step with at most this many long rows gives each to torch's SDPA (flash kernels, 2.3x our
+# Triton extend kernel at head_dim 256 on an H100); more long rows share one extend launch.
+SDPA_MAX_ROWS = 4
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -106,8 +109,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
     store_kv(k_cache, v_cache, k, v, fb)
     if not use_triton(q) or fb.max_extend_len < EXTEND_ATTENTION_MIN_TOKENS:
         return paged_attention(q, k_cache, v_cache, scale, fb)
-    o = _attn.extend_attention(q, k, v, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
-                               fb.cu_seqlens, scale, min_tokens=EXTEND_ATTENTION_MIN_TOKENS)
+    long_rows = [b for b, n in enumerate(fb.plan.extend_lens) if n >= EXTEND_ATTENTION_MIN_TOKENS] \
+        if fb.plan is not None else None
+    if long_rows is not None and len(long_rows) <= SDPA_MAX_ROWS:
+        p = fb.plan
+        o = torch.empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+        _attn.extend_attention_sdpa(q, k, v, k_cache, v_cache, fb.req_to_token, p.req_rows, p.prefix_lens,
+                                    p.cu_seqlens, long_rows, scale, o)
+    else:
+        o = _attn.extend_attention(q, k, v, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
+                                   fb.cu_seqlens, scale, min_tokens=EXTEND_ATTENTION_MIN_TOKENS)
     if fb.min_extend_len is None or fb.min_extend_len < EXTEND_ATTENTION_MIN_TOKENS:  # short rows too
         _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens, fb.cu_seqlens,
                               scale, out=o, skip_longer_than=EXTEND_ATTENTION_MIN_TOKENS - 1)
@@ -140,8 +151,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   fb: ForwardBatch, activation: str | None) -> torch.Tensor:
     """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place; checkpoint
     slots of fb.checkpoints receive the windows at their positions) -> y: [T, D]."""
-    if fb.checkpoints:
-        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host.cu_seqlens, fb.checkpoints)
+    if fb.checkpoints:  # (checkpoints come with a plan: its host lists, no sync)
+        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.plan.cu_seqlens, fb.checkpoints)
     if use_triton(x):
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
                                           max_seqlen=fb.max_extend_len)

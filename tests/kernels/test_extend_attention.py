@@ -71,3 +71,21 @@ def test_extend_serving_shapes():
     got = extend_attention(q, k, v, kc, vc, rtt, rows, torch.tensor([1024, 0], dtype=torch.int32, device=DEVICE),
                            cu_seqlens([4096, 100]), 0.0625)
     assert rel_err(got.float().cpu(), want.float()) < 2e-2
+
+
+@pytest.mark.parametrize("prefix_lens,ext_lens", CASES, ids=[lens_id(c[1]) for c in CASES])
+def test_sdpa_extend_matches_ref(prefix_lens, ext_lens):
+    """torch SDPA per long row (prefix gathered from the pool, causal lower-right), beside the
+    paged kernel for the other rows."""
+    from hybrid_serve.kernels.attention import extend_attention_sdpa
+
+    q, k, v, kc, vc, rtt, kv_slots, rows = _batch(prefix_lens, ext_lens, 4, 2, 16, 24, torch.float32)
+    store_kv(kc, vc, kv_slots, k, v)
+    want = paged_attention_ref(q.cpu(), kc.cpu(), vc.cpu(), rtt.cpu(), rows.tolist(), prefix_lens, ext_lens, 0.3)
+    long_rows = [b for b, n in enumerate(ext_lens) if n >= 10]
+    out = torch.full((q.shape[0], 4, 24), float("nan"), device=DEVICE)
+    cu = cu_seqlens(ext_lens, "cpu").tolist()
+    extend_attention_sdpa(q, k, v, kc, vc, rtt, rows.tolist(), prefix_lens, cu, long_rows, 0.3, out)
+    prefix = torch.tensor(prefix_lens, dtype=torch.int32, device=DEVICE)
+    paged_attention(q, kc, vc, rtt, rows, prefix, cu_seqlens(ext_lens), 0.3, out=out, skip_longer_than=9)
+    assert rel_err(out.cpu(), want) < 1e-5
