@@ -47,8 +47,8 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, limits:
     if not prompt_token_ids:
         raise PromptError("prompt is empty")
     vocab = limits.vocab_size
-    bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
-    if bad:
+    if not _all_in_range(prompt_token_ids, vocab):
+        bad = [t for t in prompt_token_ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         raise PromptError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     bad_stops = [t for t in params.stop_token_ids if t >= vocab]
     if bad_stops:
@@ -61,3 +61,10 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, limits:
             f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} = {total} exceeds the "
             f"context length max_model_len={limits.max_model_len}", len(prompt_token_ids), params.max_tokens,
             limits.max_model_len)
+
+
+
+def _all_in_range(token_ids: list[int], vocab_size: int) -> bool:
+    """Every id an int (not a bool) in [0, vocab_size), checked at C speed: a 32k-token
+    prompt in well under a millisecond."""
+    return set(map(type, token_ids)) == {int} and min(token_ids) >= 0 and max(token_ids) < vocab_size

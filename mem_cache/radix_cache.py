@@ -71,13 +71,21 @@ class RadixCache:
         return tuple(tokens[start : start + self.page_size])
 
     def _common_pages(self, node: RadixNode, tokens: list[int], start: int) -> int:
-        """How many whole pages of node's edge equal tokens[start:]."""
-        ps, n = self.page_size, 0
-        while (n + 1) * ps <= len(node.tokens) and start + (n + 1) * ps <= len(tokens):
-            if node.tokens[n * ps : (n + 1) * ps] != tokens[start + n * ps : start + (n + 1) * ps]:
-                break
-            n += 1
-        return n
+        """How many whole pages of node's edge equal tokens[start:]. One list comparison when
+        the whole overlap matches (the common case: a prompt walking a cached path), a binary
+        search over pages otherwise; both compare in C, not token by token in Python."""
+        ps = self.page_size
+        pages = min(len(node.tokens), len(tokens) - start) // ps
+        if node.tokens[: pages * ps] == tokens[start : start + pages * ps]:
+            return pages
+        lo, hi = 0, pages  # prefix of lo pages matches, of hi pages does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if node.tokens[: mid * ps] == tokens[start : start + mid * ps]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def _split(self, node: RadixNode, num_pages: int) -> RadixNode:
         """Cut node's edge after `num_pages`; returns the new upper node. State stays below."""
