@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tqdm.auto import tqdm
 
 from .engine import LLMEngine
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .request import Request, sequence_ids
 from .sampling_params import SamplingParams
 
@@ -66,8 +66,12 @@ def request_output(item: BatchItem, seqs: list[Request], tokenizer) -> RequestOu
                 for token_id, lp in entry.items():
                     if lp.decoded_token is None:
                         lp.decoded_token = tokenizer.decode([token_id])
+    first = seqs[0]
+    metrics = RequestMetrics(first.arrival_time, first.first_scheduled_time, first.first_token_time,
+                             max((s.finished_time or 0.0) for s in seqs) or None)
     return RequestOutput(request_id=item.request_id, prompt=None, prompt_token_ids=list(item.prompt_token_ids),
-                         outputs=outputs, finished=True, num_cached_tokens=seqs[0].num_cached_tokens or 0)
+                         outputs=outputs, finished=True, num_cached_tokens=first.num_cached_tokens or 0,
+                         metrics=metrics)
 
 
 def completion_of(req: Request, index: int) -> CompletionOutput:

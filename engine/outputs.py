@@ -26,6 +26,18 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """A request's timestamps (time.monotonic seconds, the engine's clock), as vLLM reports
+    them: TTFT = first_token_time - arrival_time; TPOT = (finished_time - first_token_time)
+    / (output tokens - 1)."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -34,3 +46,4 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     error: str | None = None  # set when the request failed (e.g. its replica lost a shard)
+    metrics: RequestMetrics | None = None  # the first sequence's timestamps

@@ -36,6 +36,7 @@ class Request:
         self.params = params
         self.detokenizer = detokenizer
         self.eos_token_ids = set() if params.ignore_eos else set(eos_token_ids)
+        self._stop_ids: set[int] | None = None
         self.output_token_ids: list[int] = []
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
@@ -60,6 +61,7 @@ class Request:
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None  # set by the scheduler at first admission
         self.first_token_time: float | None = None
+        self.finished_time: float | None = None  # set when the last token is appended
 
     @property
     def prompt_len(self) -> int:
@@ -84,12 +86,22 @@ class Request:
         return self.status == RequestStatus.FINISHED
 
     def stop_token_set(self) -> set[int]:
-        return self.eos_token_ids | set(self.params.stop_token_ids)
+        if self._stop_ids is None:
+            self._stop_ids = self.eos_token_ids | set(self.params.stop_token_ids)
+        return self._stop_ids
 
     def append_token(self, token_id: int) -> None:
         """Record a sampled token and decide whether the request is done."""
+        now = time.monotonic()
         if self.first_token_time is None:
-            self.first_token_time = time.monotonic()
+            self.first_token_time = now
+        self._append(token_id)
+        if self.finish_reason is not None:
+            self.finished_time = now
+
+    def _append(self, token_id: int) -> None:
+        """Append a token and set finish_reason if it ends the request (stop token or string,
+        max_tokens)."""
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
         num_out = len(self.output_token_ids)

@@ -138,3 +138,13 @@ def test_start_decode_batch_leaves_a_pure_decode_batch(model_dir):
     running = engine.scheduler.running
     assert len(running) == 3 and all(r.num_computed_tokens >= r.prompt_len for r in running)
     assert [c.num_tokens for c in engine.scheduler.schedule()] == [1, 1, 1]  # one decode token each
+
+
+def test_request_outputs_carry_the_engine_timestamps(model_dir):
+    """RequestOutput.metrics: arrival <= first scheduled <= first token <= finished (the
+    clock TTFT and TPOT are read from, e.g. by benchmarks/throughput.py)."""
+    llm = LLM(model=model_dir, dtype="float32")
+    outs = llm.generate(_prompts(3, seed=9), SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    for o in outs:
+        m = o.metrics
+        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
