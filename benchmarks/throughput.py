@@ -39,7 +39,7 @@ def percentiles(values: list[float]) -> dict:
     return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "mean_ms": statistics.mean(values) * 1e3}
 
 
-def run_ours(model_dir: str | None, device: str, requests, engine_args: dict) -> dict:
+def run_ours(model_dir: str | None, device: str, requests, engine_args: dict, step_log: bool = False) -> dict:
     from hybrid_serve import LLM, SamplingParams
 
     kwargs = dict(device=device, **engine_args)
@@ -49,15 +49,40 @@ def run_ours(model_dir: str | None, device: str, requests, engine_args: dict) ->
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
     warm = min(8, len(requests))
     llm.generate([p for p, _ in requests[:warm]], params[:warm])  # compile / warm the shapes
+    engine, steps = llm.engine, []
+    if step_log and engine is not None:  # wall time of every engine step and what it carried
+        real_step = engine.step
+
+        def timed_step():
+            t = time.perf_counter()
+            scheduler = engine.scheduler
+            running, waiting = len(scheduler.running), len(scheduler.waiting)
+            out = real_step()
+            steps.append((time.perf_counter() - t, running, waiting))
+            return out
+
+        engine.step = timed_step
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in requests], params)
     elapsed = time.perf_counter() - start
+    if steps:
+        walls = sorted(s[0] for s in steps)
+        print(f"{len(steps)} steps: median {walls[len(walls) // 2] * 1e3:.1f} ms, sum {sum(walls):.2f} s; slowest:",
+              ", ".join(f"{w * 1e3:.0f} ms (running {r}, waiting {q})" for w, r, q in sorted(steps)[-6:]))
     out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     in_tokens = sum(len(p) for p, _ in requests)
     ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in outs]
     tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
             for o in outs if len(o.outputs[0].token_ids) > 1]
     cfg = llm.config
+    del llm, engine, outs
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()  # the baselines run in other processes on the same card
     return {"elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed, "total_tok_s": (in_tokens + out_tokens) / elapsed,
             "requests_s": len(requests) / elapsed, "ttft": percentiles(ttft), "tpot": percentiles(tpot),
             "config": {k: getattr(cfg, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size",
@@ -116,6 +141,7 @@ def main() -> None:
     ap.add_argument("--baseline", default="fla,torch", help="transformers baselines: fla, torch, or none")
     ap.add_argument("--baseline-batch", type=int, default=64, help="requests per transformers generate call")
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
+    ap.add_argument("--step-log", action="store_true", help="print per-step wall times (slowest steps)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from model_configs import CONFIGS, write_model_dir
@@ -126,7 +152,8 @@ def main() -> None:
         requests = workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, args.seed)
         result = {"model": args.model, "device": args.device, "num_prompts": args.num_prompts,
                   "input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
-                  "seed": args.seed, "ours": run_ours(model_dir, args.device, requests, json.loads(args.engine_args))}
+                  "seed": args.seed,
+                  "ours": run_ours(model_dir, args.device, requests, json.loads(args.engine_args), args.step_log)}
     if args.device == "cuda":
         import torch
 
