@@ -12,11 +12,14 @@ pending ids first broadcasts rank 0's `last_tokens` to the other ranks over the 
 from __future__ import annotations
 
 import torch
+from tqdm.auto import tqdm
 
 from ...device_io import to_device
 from ...distributed import broadcast_from_rank0
+from ...kernels.attention import warm_up_paged_attention
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
+from ...models.layers.attention import PagedAttention
 from .cuda_graph import DecodeGraphs, decode_meta
 from .step_plan import StepPlan
 
@@ -53,16 +56,19 @@ class ModelRunner:
         ready (the decode graphs' shapes compile when they are captured): steps of padding
         tokens (request row 0: KV slot 0 and state slot 0, the dummies) of 2, 8, ... up to
         `max_tokens` tokens in one row, then mixed with decode rows."""
-        from tqdm.auto import tqdm
-
         limit = min(max_tokens, self.req_table.max_context)
         lengths = sorted({n for n in (2, 8, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768) if n <= limit} | {limit})
         shapes = [[n] for n in lengths] + [[n] + [1] * 15 for n in lengths if n + 15 <= limit]
+        shapes += [[64] * 6] if 6 * 64 <= limit else []  # several long rows: the Triton extend-attention kernel
         for extend_lens in tqdm(shapes, desc="Warm-up (kernel shapes)", unit="shape"):
             batch = len(extend_lens)
             plan = StepPlan(req_rows=[0] * batch, prefix_lens=[0] * batch, extend_lens=extend_lens,
                             input_ids=[0] * sum(extend_lens), sample_rows=list(range(batch)))
             self.execute(plan)
+        layouts = {m.num_heads for m in self.model.modules() if isinstance(m, PagedAttention)}
+        for num_q_heads in tqdm(sorted(layouts), desc="Warm-up (attention variants)", unit="layout"):
+            warm_up_paged_attention(num_q_heads, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0],
+                                    self.req_table.req_to_token)
         torch.cuda.synchronize(self.device)
 
     def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:

@@ -4,11 +4,13 @@ from .sdpa_extend import extend_attention_sdpa
 
 if HAS_TRITON:
     from .triton_extend import extend_attention
-    from .triton_paged import paged_attention, store_kv
+    from .triton_paged import paged_attention, store_kv, warm_up_paged_attention
 else:
     extend_attention = missing_triton("extend_attention")
     paged_attention = missing_triton("paged_attention")
     store_kv = missing_triton("store_kv")
+    warm_up_paged_attention = missing_triton("warm_up_paged_attention")
 
 __all__ = ["extend_attention", "extend_attention_sdpa", "paged_attention", "paged_attention_ref", "store_kv",
-           "store_kv_ref"]
+           "store_kv_ref",
+           "warm_up_paged_attention"]

@@ -199,6 +199,7 @@ def paged_attention(
     num_kv_splits: int | None = None,
     max_extend_len: int | None = None,
     skip_longer_than: int | None = None,
+    block_m: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each request's new tokens over its whole paged context (GQA).
 
@@ -211,7 +212,7 @@ def paged_attention(
     max_extend_len: optional host bound on the new tokens per request (1 for decode), which
     lets decode skip the q-block bookkeeping (a few small launches per call);
     skip_longer_than: rows with more new tokens are left to another kernel (extend_attention;
-    their rows of `out` untouched).
+    their rows of `out` untouched); block_m: 16 or 64 q rows per program (default by shape).
     Returns o: [T, Hq, Dv] in q's dtype. Softmax statistics and accumulation in fp32.
     """
     check_launch_device("paged_attention", q)
@@ -247,7 +248,7 @@ def paged_attention(
         return o
 
     group = num_q_heads // num_kv_heads
-    block_m = 16 if num_tokens <= batch * max(1, 16 // group) else 64
+    block_m = block_m or (16 if num_tokens <= batch * max(1, 16 // group) else 64)
     block_n = 64 if max(head_dim, dv) <= 128 else 32
     one_block = max_extend_len is not None and max_extend_len * group <= block_m and skip_longer_than is None
     if one_block:
@@ -289,3 +290,23 @@ def paged_attention(
             DV=dv, BDV=next_pow2(dv), NUM_SPLITS=splits, BS=next_pow2(splits),
         )
     return o
+
+
+def warm_up_paged_attention(num_q_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            req_to_token: torch.Tensor) -> int:
+    """Compile every variant `paged_attention` can launch for this head layout (q rows per
+    program 16 / 64, KV splits 1..32, one block per request or not), on request row 0 (its
+    KV slots are the dummy slot 0). Returns how many launches ran."""
+    device = k_cache.device
+    ints = dict(dtype=torch.int32, device=device)
+    runs = 0
+    for block_m in (16, 64):
+        for splits in (1, 2, 4, 8, 16, 32):
+            for one_block in (True, False):
+                tokens = 1 if one_block else 2
+                q = torch.zeros(tokens, num_q_heads, k_cache.shape[2], dtype=k_cache.dtype, device=device)
+                paged_attention(q, k_cache, v_cache, req_to_token, torch.zeros(1, **ints), torch.zeros(1, **ints),
+                                torch.tensor([0, tokens], **ints), 1.0, num_kv_splits=splits,
+                                max_extend_len=tokens if one_block else None, block_m=block_m)
+                runs += 1
+    return runs

@@ -175,10 +175,13 @@ def causal_conv1d_varlen(
                            cu_seqlens, conv_states, last_contiguous=False)
     tokens_per_row = num_tokens / batch
     tiles = 1 if verify or max_seqlen is None else triton.cdiv(max_seqlen, TOKEN_TILE)
-    # an H100 at 8192 x 8192 (benchmarks/prefill_kernels_tune.py): tiles of 64 tokens in steps of 32,
-    # 128 channels per program: 0.42 ms (64 channels and 128-token tiles took 0.71 ms)
-    block_t = block_t or (1 if tokens_per_row <= 1 else min(32, next_pow2(int(tokens_per_row))))
-    block_d = min(block_d or (256 if tokens_per_row <= 1 else 128 if tiles > 1 else 64), next_pow2(dim))
+    # two shapes only (each is a compiled variant: all are compiled at warm-up, none while
+    # serving): one token per row (decode), or steps of 32 tokens in 128 channels (anything
+    # longer; on an H100 at 8192 x 8192, benchmarks/prefill_kernels_tune.py: 0.42 ms in
+    # 64-token tiles, where 64 channels and 128-token tiles took 0.71 ms)
+    decode = tokens_per_row <= 1
+    block_t = block_t or (1 if decode else 32)
+    block_d = min(block_d or (256 if decode else 128), next_pow2(dim))
     grid = (batch, triton.cdiv(dim, block_d), tiles)
     _causal_conv1d_varlen_kernel[grid](
         x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y, inter,

@@ -115,3 +115,14 @@ def test_store_kv_matches_ref_and_touches_only_its_slots():
 def test_attention_serving_shapes_gpu(batch, prefix, extend):
     """2.3B Qwen3.5 layout: 16 q heads, 2 kv heads, head dim 256, bf16."""
     _check([prefix] * batch, [extend] * batch, 16, 2, 256, 256, torch.bfloat16, 1e-2, device="cuda")
+
+
+def test_warm_up_runs_every_variant():
+    """Start-up compiles each launch variant (q rows per program x KV splits x one-block) on the
+    dummy request row 0, so serving never compiles one."""
+    from hybrid_serve.kernels.attention import warm_up_paged_attention
+
+    k_cache = torch.zeros(32, 2, 16, device=DEVICE)
+    v_cache = torch.zeros(32, 2, 16, device=DEVICE)
+    req_to_token = torch.zeros(3, 64, dtype=torch.int32, device=DEVICE)
+    assert warm_up_paged_attention(4, k_cache, v_cache, req_to_token) == 24
