@@ -143,6 +143,7 @@ class AsyncLLMEngine:
         self._counters = engine_counters(engine)
         self._view: LoadView = engine.load_view()  # as of the last step, written by the engine thread
         self._stopping = False
+        self._closed = False  # the engine thread has exited (set under the inbox lock)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="hybrid-serve-engine", daemon=True)
         self._thread.start()
@@ -209,6 +210,8 @@ class AsyncLLMEngine:
     on_shutdown = None  # e.g. stop the replica's shard workers
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine thread. Every open stream ends with a final delta (finish_reason
+        "abort") within one step; later `generate` calls raise EngineDeadError."""
         self._stopping = True
         self._wakeup.set()
         self._thread.join(timeout_s)
@@ -218,6 +221,10 @@ class AsyncLLMEngine:
     # ----- engine thread ----------------------------------------------------------------
     def _post(self, kind: str, payload) -> None:
         with self._inbox_lock:
+            if self._closed:  # the engine thread has exited: nobody would read the inbox
+                if kind == "add":
+                    payload.post(EngineDeadError(f"the engine is not running: {self._error!r}"))
+                return
             self._inbox.append((kind, payload))
         self._wakeup.set()
 
@@ -233,16 +240,31 @@ class AsyncLLMEngine:
                 start = time.monotonic()
                 produced = self.engine.step()
                 self._after_step(start, produced)
+            self._error = EngineDeadError("the engine was shut down")
+            self._close_inbox()
+            for request_id in list(self._groups):  # every open stream gets its final delta
+                self._abort(request_id)
         except BaseException as exc:  # noqa: BLE001 - any step failure kills this engine
             logger.exception("engine step failed; failing all requests")
             self._error = exc
             dead = EngineDeadError(f"engine step failed: {exc!r}")
+            self._close_inbox()
             for group in self._groups.values():
                 for seq in group.seqs:
                     if not seq.done:
                         self.metrics.finished("error")
                 group.post(dead)
             self._groups.clear()
+
+    def _close_inbox(self) -> None:
+        """No more commands: adds still queued join the groups (and end with them), later
+        posts answer at once (`_post`)."""
+        with self._inbox_lock:
+            self._closed = True
+        try:
+            self._drain_inbox()
+        except Exception:  # noqa: BLE001 - a dead engine may refuse; its groups still end below
+            logger.exception("draining the inbox of a stopped engine")
 
     def _drain_inbox(self) -> None:
         with self._inbox_lock:
@@ -272,14 +294,21 @@ class AsyncLLMEngine:
         self.metrics.prompt_tokens.inc(len(group.prompt_token_ids))
 
     def _abort(self, request_id: str) -> None:
+        """End a request's sequences now; its stream gets a final delta (finish_reason "abort")
+        for every sequence not finished yet, so a caller still iterating returns."""
         group = self._groups.pop(request_id, None)
         if group is None:
             return
+        final = []
         for seq in group.seqs:
             self._seq_owner.pop(seq.seq_id, None)
             if not seq.done:
+                seq.done = True
                 self.engine.abort(seq.seq_id)
                 self.metrics.finished("abort")
+                final.append(SeqDelta(seq.index, [], "", None, "abort"))
+        cached = next((getattr(s.request, "num_cached_tokens", 0) or 0 for s in group.seqs if s.request), 0)
+        group.post(RequestDelta(group.request_id, final, len(group.prompt_token_ids), cached, finished=True))
 
     def _after_step(self, start: float, produced: list) -> None:
         now = time.monotonic()

@@ -149,3 +149,57 @@ def test_failing_step_fails_requests_and_kills_engine():
     with pytest.raises(EngineDeadError):
         eng.check_health()
     eng.shutdown()
+
+
+def test_abort_from_outside_ends_the_stream_within_a_step(llm, engine):
+    """An abort from another task (an RL rollout, the caller's own server) ends the caller's
+    stream with a final delta (finish_reason "abort"), as vLLM's does, and frees the pools."""
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        deltas = []
+
+        async def consume():
+            async for delta in engine.generate(_ids(llm), params, "abort-me"):
+                deltas.append(delta)
+            return deltas
+
+        task = asyncio.create_task(consume())
+        while not deltas:
+            await asyncio.sleep(0.01)
+        await engine.abort("abort-me")
+        return await asyncio.wait_for(task, timeout=10)
+
+    deltas = asyncio.run(main())
+    assert deltas[-1].finished and [s.finish_reason for s in deltas[-1].seqs] == ["abort"]
+    assert sum(len(s.token_ids) for d in deltas for s in d.seqs) < 100
+
+
+def test_shutdown_ends_every_open_stream():
+    llm = LLM(cache_memory_bytes=32 * 1024**2, max_model_len=128)
+    eng = AsyncLLMEngine(llm.engine, model_name="demo", replica="shutdown-test")
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True, n=2)
+
+    async def main():
+        started = asyncio.Event()
+
+        async def consume(rid):
+            last = None
+            async for delta in eng.generate(_ids(llm), params, rid):
+                started.set()
+                last = delta
+            return last
+
+        tasks = [asyncio.create_task(consume(f"s{i}")) for i in range(3)]
+        await started.wait()
+        await asyncio.to_thread(eng.shutdown)
+        finals = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        with pytest.raises(EngineDeadError):
+            async for _ in eng.generate(_ids(llm), params, "late"):
+                pass
+        return finals
+
+    finals = asyncio.run(main())
+    assert all(d.finished for d in finals)
+    assert all(s.finish_reason in ("abort", "length") for d in finals for s in d.seqs)
+    llm.engine.cache.check_empty()
