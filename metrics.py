@@ -72,6 +72,9 @@ PREFIX_CACHE_HIT_TOKENS = _counter(
     "Prompt tokens found in the prefix cache: cache=kv is the longest KV match, cache=checkpoint the part "
     "reused (ending at a state checkpoint).", ("cache",))
 PREEMPTIONS = _counter("hybrid_serve_preemptions_total", "Running sequences preempted for lack of cache.")
+POOL_INVARIANT_VIOLATIONS = _counter(
+    "hybrid_serve_pool_invariant_violations_total",
+    "Idle-time checks where the KV pages or state slots in use were not exactly the prefix tree's (a leak).")
 
 # ----- ingress / router -------------------------------------------------------------------
 ROUTER_DECISIONS = _counter("hybrid_serve_router_decisions_total",
@@ -104,6 +107,7 @@ class EngineMetrics:
         self.prefix_queries = PREFIX_CACHE_QUERIES.labels(*lv)
         self.prefix_hits = {k: PREFIX_CACHE_HIT_TOKENS.labels(*lv, k) for k in PREFIX_CACHE_KINDS}
         self.preemptions = PREEMPTIONS.labels(*lv)
+        self.invariant_violations = POOL_INVARIANT_VIOLATIONS.labels(*lv)
 
     def finished(self, finish_reason: str | None) -> None:
         reason = finish_reason if finish_reason in self.success else "error"

@@ -84,8 +84,11 @@ OVERVIEW = [
             (_ratio(f'{PREFIX_HITS}{{{SEL},cache="checkpoint"}}', PREFIX_QUERIES), "reused (checkpoint)"),
             (_ratio(f'{PREFIX_HITS}{{{SEL},cache="kv"}}', PREFIX_QUERIES), "KV match")],
               "percentunit", "Hit tokens / queried prompt tokens.", max=1.0, width=8),
-        Panel("Preemptions/s", [
-            (f"sum(rate(hybrid_serve_preemptions_total{{{SEL}}}[{RATE}]))", "preemptions")], "short", width=8),
+        Panel("Preemptions and pool leaks", [
+            (f"sum(rate(hybrid_serve_preemptions_total{{{SEL}}}[{RATE}]))", "preemptions/s"),
+            (f"sum(increase(hybrid_serve_pool_invariant_violations_total{{{SEL}}}[{RATE}]))",
+             "idle checks failed (must stay 0)")], "short",
+              "A failed idle check means pages or slots in use that no request or cached prefix holds.", width=8),
     ]),
     Row("Routing", [
         Panel("Router decisions/s by replica", [

@@ -118,7 +118,8 @@ class _Group:
             pass
 
 
-_COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions")  # LLMEngine.stats()
+_COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions",
+             "invariant_violations")  # LLMEngine.stats()
 
 
 def engine_counters(engine) -> dict[str, int]:
@@ -384,3 +385,4 @@ class AsyncLLMEngine:
         m.prefix_hits["kv"].inc(grew["kv_hit_tokens"])
         m.prefix_hits["checkpoint"].inc(grew["checkpoint_hit_tokens"])
         m.preemptions.inc(grew["preemptions"])
+        m.invariant_violations.inc(grew["invariant_violations"])

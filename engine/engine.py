@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .tokenizer import eos_token_ids
 from .validation import ModelLimits, validate_prompt
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,6 +75,7 @@ class LLMEngine:
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step
         self.step_timings: list[dict] | None = None  # benchmarks: set to [] to record where each step goes
         self.num_steps = 0  # steps run (a liveness/progress signal)
+        self.num_invariant_violations = 0  # idle-time pool checks that failed (logged, see step())
         # queue step N+1 before reading step N's tokens back (other ranks receive rank 0's
         # sampled tokens on the device: ModelRunner.execute)
         self.overlap = config.async_scheduling
@@ -123,7 +127,8 @@ class LLMEngine:
                 **self.cache.usage(), "prefix_queries": cache.prefix_queries,
                 "prefix_query_tokens": cache.prefix_query_tokens, "kv_hit_tokens": cache.kv_hit_tokens,
                 "checkpoint_hit_tokens": cache.checkpoint_hit_tokens, "evicted_pages": cache.evicted_pages,
-                "evicted_checkpoints": cache.evicted_checkpoints, "preemptions": self.scheduler.num_preemptions}
+                "evicted_checkpoints": cache.evicted_checkpoints, "preemptions": self.scheduler.num_preemptions,
+                "invariant_violations": self.num_invariant_violations}
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
@@ -154,8 +159,18 @@ class LLMEngine:
         else:
             outputs += self._complete(launched)
         if self.config.check_integrity and not self.has_unfinished():
-            self.cache.check_empty(full=False)  # counts only: O(1) at idle, whatever the pool size
+            self._check_idle_invariants()
         return outputs
+
+    def _check_idle_invariants(self) -> None:
+        """Idle: the pools' used pages and slots are exactly the prefix tree's (counts only,
+        O(1) whatever the pool size). A violation is logged and counted
+        (hybrid_serve_pool_invariant_violations_total), and serving goes on."""
+        try:
+            self.cache.check_empty(full=False)
+        except AssertionError as exc:
+            self.num_invariant_violations += 1
+            logger.error("pool invariant violated while idle (%d so far): %s", self.num_invariant_violations, exc)
 
     def _launch(self, chunks: list[ScheduledChunk]) -> "_Launched":
         """Queue a step's cache ops, forward and sampling; nothing waits for the device."""

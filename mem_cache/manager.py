@@ -9,6 +9,7 @@ A request's holdings (`RequestAlloc`)::
     [num_tree_pages, len(pages)) owned by the request (freed on release)
     state_slot  : its own state slot (a prefix hit copies the checkpoint into it)
     pending_checkpoints : (position, state slot) snapshots this step takes, in position order
+                          (slot None in a model without state layers: the KV alone is cached)
                   (inside the step's tokens the kernels write them; at its end a post-op copy)
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ class RequestAlloc:
     lock_node: RadixNode
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
-    pending_checkpoints: list[tuple[int, int]] = field(default_factory=list)
+    pending_checkpoints: list[tuple[int, int | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class CacheManager:
         self.state_slots = IdAllocator(num_state_slots, "state slots")
         self.rows = IdAllocator(num_rows, "request rows")
         self.tree = RadixCache(page_size, needs_state)
+        self.needs_state = needs_state
         self.enable_prefix_cache = enable_prefix_cache
         self.stats = CacheStats()
         self.pre_ops, self.post_ops = CacheOps(), CacheOps()
@@ -158,6 +160,9 @@ class CacheManager:
             return None
         if any(p == position for p, _ in alloc.pending_checkpoints):
             return None
+        if not self.needs_state:  # attention only: the KV alone is reusable, no state slot
+            alloc.pending_checkpoints.append((position, None))
+            return None
         slot = self._alloc_state_slot()
         if slot is None:
             return None
@@ -172,7 +177,7 @@ class CacheManager:
         for position, slot in sorted(pending):
             self._commit_checkpoint(alloc, token_ids, position, slot)
 
-    def _commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int], position: int, slot: int) -> None:
+    def _commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int], position: int, slot: int | None) -> None:
         num_pages = position // self.page_size
         result = self.tree.insert(token_ids[:position], alloc.pages[:num_pages], slot)
         self.stats.checkpoints_taken += 1
@@ -193,7 +198,7 @@ class CacheManager:
     def release(self, alloc: RequestAlloc) -> None:
         if self._allocs.pop(alloc.req_row, None) is not alloc:
             raise ValueError(f"request row {alloc.req_row} is not held")
-        self.state_slots.free([slot for _, slot in alloc.pending_checkpoints])
+        self.state_slots.free([slot for _, slot in alloc.pending_checkpoints if slot is not None])
         self.tree.unlock(alloc.lock_node)
         self.pages.free(alloc.pages[alloc.num_tree_pages:])
         self.state_slots.free([alloc.state_slot])
@@ -220,7 +225,7 @@ class CacheManager:
         requests), not O(pool): what the engine asserts each time it goes idle)."""
         allocs = list(self._allocs.values())
         own_pages = sum(len(a.pages) - a.num_tree_pages for a in allocs)
-        own_slots = sum(1 + len(a.pending_checkpoints) for a in allocs)
+        own_slots = sum(1 + sum(slot is not None for _, slot in a.pending_checkpoints) for a in allocs)
         assert self.pages.num_used == self.tree.num_pages + own_pages, \
             f"KV pages used {self.pages.num_used} != held {self.tree.num_pages} (tree) + {own_pages} (requests)"
         assert self.state_slots.num_used == self.tree.num_state_slots + own_slots, \
@@ -231,7 +236,7 @@ class CacheManager:
             return
         self.tree.check_integrity()
         self.pages.check_integrity(self.tree.held_pages() + [p for a in allocs for p in a.pages[a.num_tree_pages:]])
-        pending = [slot for a in allocs for _, slot in a.pending_checkpoints]
+        pending = [slot for a in allocs for _, slot in a.pending_checkpoints if slot is not None]
         self.state_slots.check_integrity(self.tree.held_state_slots() + [a.state_slot for a in allocs] + pending)
         self.rows.check_integrity([a.req_row for a in allocs])
         assert self.tree.root.lock_ref == 1 + len(allocs), "radix locks do not match the running requests"

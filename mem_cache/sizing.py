@@ -73,11 +73,22 @@ class PoolSetup:
                              f"prefix-cache checkpoints ({1 + self.checkpoints_per_request})")
 
 
+# Page ids of a model without attention layers are bookkeeping only (the prefix tree still
+# keys on them); at most this many, so a long context does not build huge id lists.
+MAX_BOOKKEEPING_PAGES = 1 << 22
+
+
 def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int, state_bytes_per_slot: int,
-               page_size: int, max_model_len: int, min_state_slots: int, max_state_slots: int) -> PoolSizes:
+               page_size: int, max_model_len: int, min_state_slots: int, max_state_slots: int,
+               max_requests: int = 1) -> PoolSizes:
     """`state_fraction` of the budget goes to state slots (at most `max_state_slots`), the rest
     to KV pages. Raises ValueError naming the numbers when not even one request of
-    `max_model_len` tokens fits (its KV pages and `min_state_slots` state slots)."""
+    `max_model_len` tokens fits (its KV pages and `min_state_slots` state slots).
+
+    A model lacking one kind of layer gets bookkeeping ids, costing no memory, for the other:
+    without state layers `max_state_slots` slots; without attention layers pages for
+    `max_requests` requests of max_model_len twice over (the running requests and as much
+    again for the prefix tree), so concurrent requests never preempt each other for them."""
     if not 0.0 <= state_fraction <= 1.0:
         raise ValueError(f"state_pool_fraction must be in [0, 1], got {state_fraction}")
     pages_per_request = -(-max_model_len // page_size)
@@ -86,7 +97,10 @@ def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int,
     else:
         num_slots = min(int(budget_bytes * state_fraction) // state_bytes_per_slot, max_state_slots)
         state_bytes = num_slots * state_bytes_per_slot
-    num_pages = (budget_bytes - state_bytes) // kv_bytes_per_page if kv_bytes_per_page else pages_per_request + 1
+    if kv_bytes_per_page:
+        num_pages = (budget_bytes - state_bytes) // kv_bytes_per_page
+    else:
+        num_pages = 1 + max(pages_per_request, min(2 * max_requests * pages_per_request, MAX_BOOKKEEPING_PAGES))
     need = (f"one request of max_model_len={max_model_len} needs {pages_per_request} KV pages of "
             f"{kv_bytes_per_page} B and {min_state_slots} state slots of {state_bytes_per_slot} B "
             f"(its own and its prefix-cache checkpoints)")
@@ -118,7 +132,8 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
         num_slots = o.num_state_slots_override or o.max_num_seqs * (1 + ckpts)
     else:
         sizes = size_pools(budget_bytes, o.state_pool_fraction, page_bytes, slot_bytes, o.page_size, max_model_len,
-                           min_state_slots=1 + ckpts, max_state_slots=o.max_num_seqs * (1 + ckpts))
+                           min_state_slots=1 + ckpts, max_state_slots=o.max_num_seqs * (1 + ckpts),
+                           max_requests=o.max_num_seqs)
         num_pages, num_slots = sizes.num_kv_pages, sizes.num_state_slots
     return PoolSetup(num_kv_pages=num_pages, num_state_slots=num_slots, num_req_rows=o.max_num_seqs,
                      max_model_len=max_model_len, page_size=o.page_size, checkpoints_per_request=ckpts)

@@ -34,10 +34,26 @@ def load_hf_config(model_dir: str):
         raise ValueError(f"cannot read the config of {model_dir!r}: {exc}") from exc
     arch = resolve_architecture(config)
     text_config = getattr(config, "text_config", None)
-    if text_config is not None and arch.endswith("ForConditionalGeneration"):
+    # a multimodal wrapper, or its top-level config written by hand for the text model
+    # (Qwen3_5Config with architectures=["Qwen3_5ForCausalLM"]): the text fields live below
+    if text_config is not None and (arch.endswith("ForConditionalGeneration") or not hasattr(config, "hidden_size")):
         text_config.architectures = [arch]
         return text_config
+    if not hasattr(config, "hidden_size") and not hasattr(config, "d_model"):
+        raise ValueError(f"the config of {model_dir!r} ({type(config).__name__}, architectures={[arch]}) has no "
+                         f"hidden_size: not a causal LM config")
     return config
+
+
+def build_model(cls, hf_config):
+    """`cls(hf_config)` in the current device/TP context; a config lacking a field the
+    architecture reads is a ValueError naming it, not an AttributeError from deep inside."""
+    try:
+        return cls(hf_config)
+    except AttributeError as exc:
+        missing = getattr(exc, "name", None) or str(exc)
+        raise ValueError(f"{type(hf_config).__name__} lacks {missing!r}, which {cls.__name__} needs; "
+                         f"is the config written for this architecture?") from exc
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config) -> torch.dtype:
@@ -91,7 +107,7 @@ def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, t
     rounded to bf16 values as a released bf16 checkpoint holds them (an fp32 model then computes on exactly
     the weights a bf16 one has)."""
     with tp_context(rank=0, size=1), torch.device("meta"):  # the full model's names and shapes
-        full = cls(hf_config)
+        full = build_model(cls, hf_config)
     full.tie_weights()
     modules = dict(full.named_modules())
     for name, param in full.named_parameters():  # drawn on the CPU: the same weights on every device
@@ -123,7 +139,7 @@ def check_tp_size(model_dir: str, tp_size: int) -> None:
             raise ValueError(f"tp_size={tp_size} does not divide the model's {attr}={value}")
     cls = model_class(resolve_architecture(hf_config))
     with tp_context(rank=0, size=tp_size), torch.device("meta"):
-        cls(hf_config)
+        build_model(cls, hf_config)
 
 
 def load_model(
@@ -142,7 +158,7 @@ def load_model(
     torch.set_default_dtype(torch_dtype)
     try:
         with torch.device(device):
-            model = cls(hf_config)
+            model = build_model(cls, hf_config)
     finally:
         torch.set_default_dtype(prev)
     model.tie_weights()

@@ -123,6 +123,46 @@ def test_not_a_model_directory(tmp_path):
         LLM(model=str(tmp_path))
 
 
+def test_idle_invariant_violation_is_logged_counted_and_serving_goes_on(model_dir, caplog):
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=2)
+    llm.generate(_prompts(2), GREEDY)
+    assert llm.engine.stats()["invariant_violations"] == 0
+    leaked = llm.engine.cache.pages.alloc(1)  # a page nobody holds: what a leak looks like
+    with caplog.at_level("ERROR", logger="hybrid_serve.engine.engine"):
+        outs = llm.generate(_prompts(2), GREEDY)
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert llm.engine.stats()["invariant_violations"] == 1
+    assert "pool invariant violated" in caplog.text and "KV pages used" in caplog.text
+    llm.engine.cache.pages.free(leaked)
+    llm.generate(_prompts(1), GREEDY)
+    assert llm.engine.stats()["invariant_violations"] == 1
+
+
+def test_top_level_qwen3_5_config_serves_its_text_model(tmp_path):
+    """A hand-written top-level Qwen3_5Config naming the text architecture: the text fields
+    live in its text_config, which is what gets served; a config lacking a field the
+    architecture reads is a ValueError naming the field."""
+    import json
+
+    from transformers import Qwen3_5Config
+
+    from hybrid_serve.models.loader import check_tp_size, load_hf_config
+
+    text = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"])
+    Qwen3_5Config(text_config=text, architectures=["Qwen3_5ForCausalLM"]).save_pretrained(tmp_path)
+    config = load_hf_config(str(tmp_path))
+    assert config.hidden_size == 64 and config.architectures == ["Qwen3_5ForCausalLM"]
+    llm = LLM(model=str(tmp_path), load_format="dummy", dtype="float32", max_model_len=64, max_num_seqs=2)
+    assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids) == 2
+    llm.shutdown()
+    llama = {"model_type": "llama", "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 64}
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    with pytest.raises(ValueError, match="LlamaConfig lacks 'layer_types'"):
+        check_tp_size(str(tmp_path), 1)
+
+
 def test_cache_too_small_fails_at_start(model_dir):
     with pytest.raises(ValueError, match="max_model_len=1000"):
         LLM(model=model_dir, dtype="float32", max_model_len=1000, cache_memory_bytes=200_000)

@@ -85,3 +85,38 @@ def test_sizing_errors_name_the_numbers():
     sizes = size_pools(1_000_000, 0.5, 1_000, 10_000, 16, 64, 1, 8)
     assert sizes.num_state_slots == 8  # capped; the rest goes to KV
     assert sizes.num_kv_pages == (1_000_000 - 8 * 10_000) // 1_000
+
+
+def test_attention_only_cache_takes_no_state_slots():
+    """Without state layers a checkpoint is the KV alone: with every slot held by a running
+    request the tree still takes the prompt, and a later request hits it."""
+    cache = CacheManager(num_pages=17, page_size=4, num_state_slots=2, num_rows=2, max_context=32,
+                         needs_state=False)
+    prompt = list(range(12))
+    a, b = cache.admit(prompt, 12), cache.admit([99] * 5, 5)
+    assert cache.state_slots.num_free == 0
+    assert cache.ensure_kv(a, 12)
+    for position in (4, 8, 12):
+        assert cache.schedule_checkpoint(a, position, copy_after_step=position == 12) is None
+    cache.commit_checkpoints(a, prompt)
+    assert cache.tree.num_pages == 3 and cache.tree.num_state_slots == 0
+    cache.check_integrity()
+    cache.release(a)
+    c = cache.admit(prompt + [7], 13)
+    assert c.num_tree_pages == 3  # all 12 cached tokens reused, no state slot needed
+    cache.release(b)
+    cache.release(c)
+    cache.check_empty()
+
+
+def test_all_state_model_gets_kv_bookkeeping_for_every_request():
+    """No attention layers: KV pages cost nothing, so there are enough for max_num_seqs
+    requests of max_model_len and as many again for the prefix tree."""
+    from hybrid_serve.mem_cache.sizing import PoolLayout, PoolOptions, plan_pools
+    layout = PoolLayout(num_attn_layers=0, num_state_layers=2, kv_bytes_per_page=0, state_bytes_per_slot=1_000,
+                        state_spec=StateSpec(conv_dim=8, conv_width=3, ssm_shape=None, conv_dtype=torch.float32))
+    options = PoolOptions(page_size=16, max_num_seqs=8, max_model_len=256, model_max_len=4096,
+                          state_pool_fraction=0.5, state_checkpoint_interval=64, enable_prefix_cache=True)
+    setup = plan_pools(layout, 10_000_000, options)
+    assert setup.num_kv_pages - 1 == 2 * 8 * 256 // 16
+    assert setup.num_state_slots == 8 * (1 + 256 // 64 + 1)
