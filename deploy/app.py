@@ -50,6 +50,8 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         first = {"CPU": config.num_cpus_per_replica, **({"GPU": config.gpus_per_shard} if config.gpus_per_shard else {})}
         options = {"placement_group_bundles": [first] + [shard] * (config.tp - 1),
                    "placement_group_strategy": "STRICT_PACK"}
+    bounds = config.queue_bounds()  # past them: 503 + Retry-After (the replica's, or Serve's BackPressureError)
     server = LLMServer.options(num_replicas=config.replicas, ray_actor_options=rank0,
-                               max_ongoing_requests=config.max_ongoing_requests, **options)
+                               max_ongoing_requests=bounds["max_ongoing_requests"],
+                               max_queued_requests=bounds["max_queued_requests"], **options)
     return OpenAIIngress.bind(config, server.bind(config))

@@ -29,15 +29,21 @@ class AppConfig:
     num_cpus_per_replica: float = 1.0
     num_gpus_per_shard: float | None = None  # default: 1 on cuda, 0 on cpu
     torch_num_threads: int | None = None  # default: num_cpus_per_replica (at least 1)
-    max_ongoing_requests: int = 256  # Serve's per-replica limit of concurrent calls
-    max_waiting_requests: int = 256  # engine queue per replica beyond which requests get 503
+    # Admission (engine/admission.py): beyond these bounds a request gets 503 + Retry-After at once
+    # instead of waiting without limit. Defaults (None) keep the wait to about one batch's turn:
+    max_waiting_requests: int | None = None  # per replica, requests without a first token yet; max_num_seqs
+    max_waiting_tokens: int | None = None  # per replica, their prompt tokens; 8 x max_num_batched_tokens
+    max_ongoing_requests: int | None = None  # Serve's per-replica calls; max_num_seqs + max_waiting_requests
+    max_queued_requests: int | None = None  # at the ingress, for all replicas busy; max_waiting_requests
     api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     metrics_push_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("tp", "replicas", "max_ongoing_requests", "max_waiting_requests", "max_body_bytes"):
+        for name in ("tp", "replicas", "max_body_bytes", *_QUEUE_BOUNDS):
             value = getattr(self, name)
+            if value is None and name in _QUEUE_BOUNDS:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not self.num_cpus_per_replica >= 0:
@@ -94,10 +100,23 @@ class AppConfig:
             **self.engine_args,
         )
 
+    def queue_bounds(self) -> dict[str, int]:
+        """The admission bounds with their defaults resolved from the engine's max_num_seqs and
+        max_num_batched_tokens (the device's defaults when not set)."""
+        engine = self.engine_config()
+        waiting = self.max_waiting_requests or engine.max_num_seqs
+        return {"max_waiting_requests": waiting,
+                "max_waiting_tokens": self.max_waiting_tokens or 8 * engine.max_num_batched_tokens,
+                "max_ongoing_requests": self.max_ongoing_requests or engine.max_num_seqs + waiting,
+                "max_queued_requests": self.max_queued_requests or waiting}
+
     def tokenizer_path(self) -> str:
         from ..demo import DEMO_DIR
 
         return self.tokenizer or self.model or DEMO_DIR
+
+
+_QUEUE_BOUNDS = ("max_waiting_requests", "max_waiting_tokens", "max_ongoing_requests", "max_queued_requests")
 
 
 def _engine_config_cls():

@@ -2,7 +2,8 @@
 
 Handlers raise `APIError`; the ingress turns it into a JSON response (or, once a stream
 has started, an SSE error event). Status codes: 400 bad input, 401 bad API key, 404
-unknown model or route, 413 prompt or body too long, 503 not ready or overloaded.
+unknown model or route, 413 body too large, 429 over a per-key limit, 503 not ready or overloaded
+(both with Retry-After). Context-length overflows are 400, as OpenAI and vLLM answer.
 """
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ class APIError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    retry_after_s: int | None = None  # sent as Retry-After (overload: when a retry may succeed)
 
     def __str__(self) -> str:
         return self.message
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": str(self.retry_after_s)} if self.retry_after_s is not None else None
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -42,8 +47,28 @@ def too_large(message: str, param: str | None = None, code: str = "context_lengt
     return APIError(413, message, "invalid_request_error", param, code)
 
 
-def unavailable(message: str, code: str = "service_unavailable") -> APIError:
-    return APIError(503, message, "service_unavailable_error", None, code)
+DEFAULT_RETRY_AFTER_S = 1
+
+
+def unavailable(message: str, code: str = "service_unavailable", retry_after_s: int | None = None) -> APIError:
+    """503: not ready, overloaded, or the replica failed; always with a Retry-After."""
+    return APIError(503, message, "service_unavailable_error", None, code, retry_after_s or DEFAULT_RETRY_AFTER_S)
+
+
+def retry_after_from(seconds: float | None) -> int:
+    """A Retry-After value (whole seconds, 1..60) from an estimate of the wait."""
+    if seconds is None or seconds != seconds:
+        return DEFAULT_RETRY_AFTER_S
+    return max(1, min(60, int(seconds + 0.999)))
+
+
+REPLICA_FAILED = "replica_failed"
+
+
+def replica_failed(message: str) -> APIError:
+    """The replica serving a request died or became unreachable mid-request (the serving
+    layer retries on another replica while the request has produced no token yet)."""
+    return APIError(503, message, "service_unavailable_error", None, REPLICA_FAILED, DEFAULT_RETRY_AFTER_S)
 
 
 def internal(message: str) -> APIError:
@@ -59,10 +84,11 @@ class GenerateError:
     message: str
     param: str | None = None
     code: str | None = None
+    retry_after_s: int | None = None
 
     def to_api_error(self) -> APIError:
         if self.status_code == 503:
-            return unavailable(self.message, self.code or "overloaded")
+            return unavailable(self.message, self.code or "overloaded", self.retry_after_s)
         if self.status_code == 413:
             return too_large(self.message, self.param, self.code or "context_length_exceeded")
         return APIError(self.status_code, self.message, "invalid_request_error", self.param, self.code)

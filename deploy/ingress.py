@@ -1,7 +1,8 @@
 """The HTTP ingress: a FastAPI app over `OpenAIServing`, and its Serve deployment.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics (the whole application's hybrid_serve_* metrics). `create_app` needs no Ray,
+GET /metrics (the whole application's hybrid_serve_* metrics), GET /openapi.json (needs the
+API key when one is set; /docs and /redoc are served only without one). `create_app` needs no Ray,
 so tests can drive it with a `LocalBackend`.
 """
 from __future__ import annotations
@@ -20,9 +21,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import metrics
 from ..engine.tokenizer import load_tokenizer
 from .config import AppConfig
-from .errors import APIError, GenerateError, internal, too_large, unauthorized, unavailable
+from .errors import (REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large, unauthorized,
+                     unavailable)
 from .metrics_hub import MetricsPusher, get_hub
-from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList
+from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList, UnsupportedField
 from .server import GenerateRequest
 from .serving import OpenAIServing
 
@@ -96,13 +98,16 @@ class CountRequests:
 
 
 def _error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status_code)
+    return JSONResponse(err.body(), status_code=err.status_code, headers=err.headers())
 
 
 def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = None) -> FastAPI:
     config = serving.config
+    keyed = config.api_key is not None  # then the spec needs the key too, and the browser docs are off
     app = FastAPI(title="hybrid-serve", version="0.1.0",
-                  description="OpenAI-compatible API of hybrid-serve (hybrid attention + recurrent-state models).")
+                  description="OpenAI-compatible API of hybrid-serve (hybrid attention + recurrent-state models).",
+                  openapi_url=None if keyed else "/openapi.json", docs_url=None if keyed else "/docs",
+                  redoc_url=None if keyed else "/redoc")
 
     async def check_api_key(request: Request) -> None:
         if config.api_key is None:
@@ -119,11 +124,17 @@ def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = No
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
         errors = exc.errors()
-        first = errors[0] if errors else {}
+        # a union (e.g. content: str | list of parts) reports one error per branch: a value
+        # error (our own check, e.g. a lone surrogate) says more than "not a valid string"
+        first = next((e for e in errors if e.get("type") == "value_error"), errors[0] if errors else {})
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
             loc = []
-        message = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
+        msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        cause = (first.get("ctx") or {}).get("error")
+        if isinstance(cause, UnsupportedField):  # a whole-body check naming its field
+            loc, msg = [cause.param], str(cause)
+        message = f"{'.'.join(loc) or 'body'}: {msg}"
         param = loc[0] if loc else None  # the request field (deeper parts name union branches)
         return JSONResponse({"error": {"message": message, "type": "invalid_request_error",
                                        "param": param, "code": None}}, status_code=400)
@@ -157,6 +168,11 @@ def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = No
     async def models():
         return JSONResponse(await serving.models())
 
+    if keyed:
+        @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(check_api_key)])
+        async def openapi_spec():
+            return JSONResponse(app.openapi())
+
     @app.get("/health", responses={503: ERROR_RESPONSES[503]})
     async def health():
         await serving.check_health()
@@ -174,7 +190,11 @@ def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = No
 
 
 class ServeBackend:
-    """Reaches the LLMServer replicas through a Serve handle (Serve's own load-aware routing)."""
+    """Reaches the LLMServer replicas through a Serve handle (Serve's own load-aware routing).
+    A replica that dies or cannot be reached surfaces as `errors.replica_failed` (raised
+    mid-stream, a `GenerateError` before it), which `OpenAIServing` retries elsewhere."""
+
+    HEALTH_ATTEMPTS = 3  # a dead replica Serve has not dropped yet may take a health call
 
     def __init__(self, handle) -> None:
         self.handle = handle
@@ -183,22 +203,34 @@ class ServeBackend:
         return await self.handle.model_info.remote()
 
     async def check_health(self) -> None:
-        await self.handle.check_health.remote()
+        """Healthy if a replica answers: the call is routed again when one is unreachable."""
+        for attempt in range(self.HEALTH_ATTEMPTS):
+            try:
+                await self.handle.check_health.remote()
+                return
+            except Exception as exc:
+                if not _is_unavailable(exc) or attempt == self.HEALTH_ATTEMPTS - 1:
+                    raise
 
     async def generate(self, request: GenerateRequest):
         from ray.serve.exceptions import BackPressureError
 
         gen = self.handle.options(stream=True).generate.remote(request)
+        started = False
         try:
             async for item in gen:
+                started = True
                 yield item
         except BackPressureError as exc:
-            yield GenerateError(503, f"all replicas are busy: {exc}", code="overloaded")
+            yield GenerateError(503, f"every replica is busy and the ingress queue is full "
+                                     f"({exc.args[0] if exc.args else '?'} queued); retry later", code="overloaded")
         except Exception as exc:
-            if _is_unavailable(exc):
-                yield GenerateError(503, f"no replica is available: {type(exc).__name__}", code="not_ready")
-            else:
+            if not _is_unavailable(exc):
                 raise
+            message = f"the replica failed ({type(exc).__name__})"
+            if started:
+                raise replica_failed(message) from exc
+            yield GenerateError(503, message, code=REPLICA_FAILED)
         finally:
             gen.cancel()
 

@@ -10,17 +10,18 @@ its placement group (`placement_group_bundles`); only the engine client changes.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 from ray import serve
 
-from ..engine.admission import Admission, LoadView
+from ..engine.admission import Admission, FirstTokenQueue, LoadView
 from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta
 from ..engine.sampling_params import SamplingParams
 from .config import AppConfig
 from .engine_client import EngineClient, EngineFactory, make_engine_client
-from .errors import GenerateError
+from .errors import GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
 
 logger = logging.getLogger(__name__)
@@ -42,36 +43,67 @@ class Started:
 
 
 class LLMServerImpl:
-    """The replica's logic without Serve (tests build it with a fake engine factory)."""
+    """The replica's logic without Serve (tests build it with a fake engine factory).
+
+    Admission: a request joins the replica's `FirstTokenQueue` at arrival and leaves it with
+    its first token (or its end); past `max_waiting_requests` requests or `max_waiting_tokens`
+    prompt tokens in it, a new one is refused at once with 503 and a Retry-After of about
+    how long the queue now takes to reach a first token (a moving average)."""
+
+    TTFT_SMOOTHING = 0.2  # weight of the newest time-to-first-token in the average
 
     def __init__(self, config: AppConfig, replica: str, engine_factory: EngineFactory | None = None) -> None:
         self.config = config
         self.replica = replica
         self.engine: EngineClient = (engine_factory or make_engine_client)(config, replica)
-        self.admission = Admission(self.engine.load().max_num_seqs, max_waiting=config.max_waiting_requests)
+        load = self.engine.load()
+        bounds = config.queue_bounds()
+        self.admission = Admission(load.max_num_seqs, max_waiting=bounds["max_waiting_requests"],
+                                   max_waiting_tokens=bounds["max_waiting_tokens"])
+        self.queue = FirstTokenQueue()
+        self.ttft_avg_s: float | None = None  # moving average, from arrival here to the first delta
 
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
 
+    def retry_after_s(self) -> int:
+        return retry_after_from(self.ttft_avg_s)
+
+    def _first_token(self, seconds: float) -> None:
+        a = self.TTFT_SMOOTHING
+        self.ttft_avg_s = seconds if self.ttft_avg_s is None else (1 - a) * self.ttft_avg_s + a * seconds
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
-        """The request was validated by the ingress; this asks admission whether to queue it."""
-        verdict = self.admission.on_arrival(self.engine.load())
+        """The request was validated by the ingress; this asks admission whether to take it."""
+        num_tokens = len(request.prompt_token_ids)
+        verdict = self.admission.on_arrival(self.engine.load(), self.queue, num_tokens)
         if verdict.decision == "reject":
             yield GenerateError(503, f"replica {self.replica} is overloaded ({verdict.reason}); retry later",
-                                code="overloaded")
+                                code="overloaded", retry_after_s=self.retry_after_s())
             return
         try:
             self.engine.check_health()
         except EngineDeadError as exc:
             yield GenerateError(503, str(exc), code="engine_dead")
             return
-        yield Started(self.replica)
-        stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id, validated=True)
+        arrived, waiting = time.monotonic(), True
+        self.queue.enter(num_tokens)
         try:
-            async for delta in stream:
-                yield delta
+            yield Started(self.replica)
+            stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id,
+                                          validated=True)
+            try:
+                async for delta in stream:
+                    if waiting:
+                        waiting = False
+                        self.queue.leave(num_tokens)
+                        self._first_token(time.monotonic() - arrived)
+                    yield delta
+            finally:
+                await stream.aclose()
         finally:
-            await stream.aclose()
+            if waiting:
+                self.queue.leave(num_tokens)
 
     def check_health(self) -> None:
         self.engine.check_health()

@@ -22,7 +22,8 @@ from ..engine.validation import ContextLengthError, PromptError, validate_prompt
 from ..metrics import IngressMetrics
 from . import responses as R
 from .config import AppConfig
-from .errors import APIError, GenerateError, bad_request, internal, model_not_found, too_large, unavailable
+from .errors import (REPLICA_FAILED, APIError, GenerateError, bad_request, internal, model_not_found,
+                     retry_after_from, unavailable)
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .server import GenerateRequest, LLMServerImpl, Started
 
@@ -32,6 +33,9 @@ GREEDY_EPS = 1e-5  # temperatures below this sample greedily (as vLLM)
 MIN_TOP_P = 1e-6  # smaller top_p (e.g. 5e-324) rounds to 0 in fp32 and would mask every token
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 ROUTING_POLICY = "serve_pow2"
+REPLICA_ATTEMPTS = 4  # tries of one request on replicas that fail before its first token
+REPLICA_RETRY_WINDOW_S = 30.0  # ... all within this long (Serve drops a dead replica within seconds)
+REPLICA_RETRY_BACKOFF_S = 0.25  # times the attempt number, between tries
 
 
 class Backend(Protocol):
@@ -77,6 +81,13 @@ class OpenAIServing:
         self.metrics = metrics
         self._info: ModelInfo | None = None
         self.created = int(time.time())
+        self.ttft_avg_s: float | None = None
+
+    def _first_token(self, seconds: float) -> None:
+        """Moving average of the time to a first token seen here (the Retry-After hint when
+        the ingress queue is full)."""
+        a = 0.2
+        self.ttft_avg_s = seconds if self.ttft_avg_s is None else (1 - a) * self.ttft_avg_s + a * seconds
 
     # ----- model and health -------------------------------------------------------------
     async def model_info(self) -> ModelInfo:
@@ -163,10 +174,7 @@ class OpenAIServing:
                 msg["content"] = "".join(part.text for part in m.content)
             msg.setdefault("content", "")  # e.g. an assistant turn that only had tool calls
             messages.append(msg)
-        kwargs = dict(body.chat_template_kwargs or {})
-        extra = body.model_extra or {}
-        if extra.get("tools") is not None:
-            kwargs["tools"] = extra["tools"]
+        kwargs = dict(body.chat_template_kwargs or {})  # (tools are refused in protocol.UNSUPPORTED)
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=body.add_generation_prompt and
@@ -193,15 +201,16 @@ class OpenAIServing:
                 min_p=0.0 if body.min_p is None else body.min_p, seed=body.seed, stop=body.stop,
                 stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, min_tokens=body.min_tokens,
                 logprobs=logprobs, skip_special_tokens=body.skip_special_tokens,
-                include_stop_str_in_output=body.include_stop_str_in_output)
+                include_stop_str_in_output=body.include_stop_str_in_output, logit_bias=body.logit_bias_ids())
         except ValueError as exc:
             raise bad_request(str(exc), str(exc).split(" ", 1)[0]) from exc
         try:
             validate_prompt(ids, params, info.limits)
-        except ContextLengthError as exc:
+        except ContextLengthError as exc:  # 400 either way, as OpenAI and vLLM answer
             if exc.prompt_fits:
                 raise bad_request(str(exc), "max_tokens", "context_length_exceeded") from exc
-            raise too_large(f"{exc}: the prompt leaves no room for an output token", "prompt") from exc
+            raise bad_request(f"{exc}: the prompt leaves no room for an output token", "prompt",
+                              "context_length_exceeded") from exc
         except PromptError as exc:
             raise bad_request(str(exc), exc.param) from exc
         return params
@@ -221,10 +230,12 @@ class OpenAIServing:
         jobs: list[_Job] = []
         try:
             for i, (ids, p) in enumerate(zip(prompts, params)):
-                stream = self.backend.generate(GenerateRequest(f"{rid}-{i}", ids, p))
+                stream = self._generate(GenerateRequest(f"{rid}-{i}", ids, p))
                 jobs.append(_Job(i, len(ids), stream))
                 first = await stream.__anext__()
                 if isinstance(first, GenerateError):
+                    if first.status_code == 503 and first.retry_after_s is None:  # the ingress queue was full
+                        first.retry_after_s = retry_after_from(self.ttft_avg_s)
                     raise first.to_api_error()
                 if self.metrics is not None:
                     self.metrics.router_decision(first.replica, ROUTING_POLICY)
@@ -232,6 +243,52 @@ class OpenAIServing:
             await _close(jobs)
             raise
         return jobs
+
+    async def _generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
+        """`backend.generate`, with replica failures hidden while they can be: a replica that
+        dies or cannot be reached before this request's first token is replaced by another
+        (up to REPLICA_ATTEMPTS tries within REPLICA_RETRY_WINDOW_S); after a token has gone out
+        the failure is raised (`errors.replica_failed`: 503, or an SSE error event)."""
+        begin = time.monotonic()
+        deadline = begin + REPLICA_RETRY_WINDOW_S
+        started, answered = False, False
+        for attempt in range(1, REPLICA_ATTEMPTS + 1):
+            produced, retry = False, False
+            stream = self.backend.generate(request)
+            try:
+                async for item in stream:
+                    if isinstance(item, Started):
+                        if not started:
+                            started = True
+                            yield item
+                        continue
+                    if isinstance(item, GenerateError):
+                        retry = item.code == REPLICA_FAILED and attempt < REPLICA_ATTEMPTS and \
+                            time.monotonic() < deadline
+                        if retry:
+                            break
+                        if started:  # a refusal after another replica took the request
+                            raise item.to_api_error()
+                        yield item
+                        return
+                    produced = True
+                    if not answered:
+                        answered = True
+                        self._first_token(time.monotonic() - begin)
+                    yield item
+            except APIError as exc:
+                if exc.code != REPLICA_FAILED or produced or attempt == REPLICA_ATTEMPTS or \
+                        time.monotonic() >= deadline:
+                    raise
+                retry = True
+            finally:
+                with suppress(Exception):
+                    await stream.aclose()
+            if not retry:
+                return
+            logger.warning("request %s: replica failed before its first token; retrying (attempt %d)",
+                           request.request_id, attempt + 1)
+            await asyncio.sleep(REPLICA_RETRY_BACKOFF_S * attempt)
 
     async def _collect(self, obj: str, rid: str, body: SamplingFields, jobs: list[_Job], top_n: int | None) -> dict:
         n = body.n

@@ -2,11 +2,14 @@
 
     view = scheduler.load_view()                 # LoadView, counted once
     admission.can_start(view)                    # the scheduler: may the head of the queue run now?
-    admission.on_arrival(view)                   # the server: take a new request, or refuse it?
+    admission.on_arrival(view, queue, num_tokens)  # the replica: take a new request, or refuse it?
 
 Both answer a `Verdict` with a reason a person can read ("max_num_seqs=64 requests are
-running", "256 requests are waiting"). The same `LoadView` is what a replica reports to the
-router (its load for placement). Pure Python, no torch.
+running", "64 requests are waiting for their first token (limit 64)"). The same `LoadView`
+is what a replica reports to the router (its load for placement). The arrival bound is on
+the replica's `FirstTokenQueue` (requests and prompt tokens not yet answered with a first
+token: what a new request waits behind), counted exactly at arrival and first token, so a
+burst between two engine steps cannot overshoot it. Pure Python, no torch.
 """
 from __future__ import annotations
 
@@ -47,16 +50,40 @@ class Verdict:
 ADMIT = Verdict("admit")
 
 
-class Admission:
-    """The policy. `max_waiting` bounds the queue a new request may join (None: unbounded)."""
+@dataclass
+class FirstTokenQueue:
+    """A replica's accepted requests that have not produced their first token yet (queued
+    or prefilling) and their prompt tokens. Single-threaded (the replica's event loop)."""
 
-    def __init__(self, max_num_seqs: int, max_waiting: int | None = None) -> None:
+    num_requests: int = 0
+    num_tokens: int = 0
+
+    def enter(self, num_tokens: int) -> None:
+        self.num_requests += 1
+        self.num_tokens += num_tokens
+
+    def leave(self, num_tokens: int) -> None:
+        self.num_requests -= 1
+        self.num_tokens -= num_tokens
+        assert self.num_requests >= 0 and self.num_tokens >= 0, "first-token queue went negative"
+
+
+class Admission:
+    """The policy. `max_waiting` bounds the requests a new one may wait behind, and
+    `max_waiting_tokens` their prompt tokens (None: unbounded); an empty queue always takes
+    one request, however long its prompt, so no request is refused forever."""
+
+    def __init__(self, max_num_seqs: int, max_waiting: int | None = None,
+                 max_waiting_tokens: int | None = None) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_waiting is not None and max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1 or None, got {max_waiting}")
+        if max_waiting_tokens is not None and max_waiting_tokens < 1:
+            raise ValueError(f"max_waiting_tokens must be >= 1 or None, got {max_waiting_tokens}")
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
+        self.max_waiting_tokens = max_waiting_tokens
 
     def can_start(self, view: LoadView) -> Verdict:
         """May one more sequence start running? (The scheduler asks for the head of its queue;
@@ -67,8 +94,14 @@ class Admission:
             return Verdict("queue", "no free request row")
         return ADMIT
 
-    def on_arrival(self, view: LoadView) -> Verdict:
-        """Take a new request into the queue, or refuse it (the server answers 503)."""
-        if self.max_waiting is not None and view.num_waiting >= self.max_waiting:
-            return Verdict("reject", f"{view.num_waiting} requests are waiting (limit {self.max_waiting})")
+    def on_arrival(self, view: LoadView, queue: FirstTokenQueue, num_tokens: int) -> Verdict:
+        """Take a new request of `num_tokens` prompt tokens, or refuse it (the replica answers
+        503 with Retry-After)."""
+        if self.max_waiting is not None and queue.num_requests >= self.max_waiting:
+            return Verdict("reject", f"{queue.num_requests} requests are waiting for their first token "
+                                     f"(limit {self.max_waiting})")
+        if self.max_waiting_tokens is not None and queue.num_requests and \
+                queue.num_tokens + num_tokens > self.max_waiting_tokens:
+            return Verdict("reject", f"{queue.num_tokens} prompt tokens are waiting and this request brings "
+                                     f"{num_tokens} (limit {self.max_waiting_tokens})")
         return ADMIT if not view.num_waiting and view.num_running < self.max_num_seqs else Verdict("queue")

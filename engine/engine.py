@@ -19,7 +19,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .request import Request, sequence_ids
 from .runner import Shard, StepPlan
-from .sampler import mask_early_stops, record_logprobs, sample
+from .sampler import adjust_logits, record_logprobs, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .tokenizer import eos_token_ids
@@ -182,7 +182,7 @@ class LLMEngine:
             return _Launched(sampling)
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
-        logits = mask_early_stops(logits, sampling)
+        logits = adjust_logits(logits, sampling)
         tokens = sample(logits, sampling)  # [S] on the device
         self.runner.record_sampled(plan, tokens)
         needs_logits = any(r.logprobs is not None for r in sampling)

@@ -14,20 +14,33 @@ from .request import Request
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (dividing by it overflows)
 
 
-def mask_early_stops(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    """Stop tokens of requests short of `min_tokens` set to -inf (a copy; logits itself when
-    no request needs it). A request's `num_output_tokens` counts the tokens it sampled before."""
+def adjust_logits(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    """What the requests ask of their logits before sampling: each `logit_bias` added, and
+    the stop tokens of requests short of `min_tokens` set to -inf. A copy (logits itself when
+    no request asks anything); one indexed add for all biases of the batch. A request's
+    `num_output_tokens` counts the tokens it sampled before."""
+    bias_rows, bias_cols, bias_vals = [], [], []
+    for b, r in enumerate(requests):
+        if r.params.logit_bias:
+            bias_rows += [b] * len(r.params.logit_bias)
+            bias_cols += list(r.params.logit_bias)
+            bias_vals += list(r.params.logit_bias.values())
     banned_rows = [(b, list(r.stop_token_set())) for b, r in enumerate(requests)
                    if r.num_output_tokens < r.params.min_tokens and r.stop_token_set()]
-    if banned_rows:
-        logits = logits.clone()
-        for b, banned in banned_rows:
-            logits[b, banned] = float("-inf")
+    if not bias_rows and not banned_rows:
+        return logits
+    logits = logits.clone()
+    if bias_rows:
+        index = to_device(bias_rows + bias_cols, torch.int64, logits.device).view(2, -1)
+        values = to_device(bias_vals, logits.dtype, logits.device)
+        logits.index_put_((index[0], index[1]), values, accumulate=True)
+    for b, banned in banned_rows:
+        logits[b, banned] = float("-inf")
     return logits
 
 
 def sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    """logits: [B, V] fp32 (after `mask_early_stops`), row b for requests[b]. Returns the
+    """logits: [B, V] fp32 (after `adjust_logits`), row b for requests[b]. Returns the
     sampled token ids [B] (int64, on logits' device) without waiting for the device on GPU:
     greedy rows take one batched argmax, any other batch one sampling kernel; on the host
     path seeded rows draw from their own generators."""

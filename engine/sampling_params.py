@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
 
 
 @dataclass
@@ -22,6 +23,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs per token (0: only the sampled token's)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit before sampling
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -54,6 +56,17 @@ class SamplingParams:
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise bad("stop_token_ids", self.stop_token_ids, "a list of non-negative integers")
         self.stop_token_ids = ids
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise bad("logit_bias", self.logit_bias, "a dict of token id -> bias")
+            for token, bias in self.logit_bias.items():
+                if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                    raise bad("logit_bias", self.logit_bias, f"keyed by token ids >= 0 (not {token!r})")
+                if isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
+                        not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                    raise bad("logit_bias", self.logit_bias,
+                              f"biases in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] (token {token}: {bias!r})")
+            self.logit_bias = {t: float(b) for t, b in self.logit_bias.items()} or None
 
     @property
     def greedy(self) -> bool:

@@ -41,6 +41,10 @@ class StopTokenError(PromptError):
     param = "stop_token_ids"
 
 
+class LogitBiasError(PromptError):
+    param = "logit_bias"
+
+
 def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, limits: ModelLimits) -> None:
     """Raises a PromptError naming the problem with a prompt (empty, unknown ids, stop token
     ids outside the vocabulary, too long for the context); changes nothing."""
@@ -53,6 +57,9 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, limits:
     bad_stops = [t for t in params.stop_token_ids if t >= vocab]
     if bad_stops:
         raise StopTokenError(f"stop_token_ids {bad_stops[:5]} are outside the vocabulary [0, {vocab})")
+    if params.logit_bias and max(params.logit_bias) >= vocab:
+        bad_bias = sorted(t for t in params.logit_bias if t >= vocab)
+        raise LogitBiasError(f"logit_bias token ids {bad_bias[:5]} are outside the vocabulary [0, {vocab})")
     if params.min_tokens and len(set(params.stop_token_ids)) >= vocab - 1:
         raise StopTokenError("stop_token_ids with min_tokens > 0 leave no token to sample")
     total = len(prompt_token_ids) + params.max_tokens
@@ -61,7 +68,6 @@ def validate_prompt(prompt_token_ids: list[int], params: SamplingParams, limits:
             f"prompt of {len(prompt_token_ids)} tokens + max_tokens={params.max_tokens} = {total} exceeds the "
             f"context length max_model_len={limits.max_model_len}", len(prompt_token_ids), params.max_tokens,
             limits.max_model_len)
-
 
 
 def _all_in_range(token_ids: list[int], vocab_size: int) -> bool:

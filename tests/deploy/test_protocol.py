@@ -3,6 +3,7 @@ framing, error events after a stream started, the app config, and metrics mergin
 A scripted fake engine stands behind the ingress (injected through LLMServerImpl)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,7 +13,8 @@ from hybrid_serve import metrics
 from hybrid_serve.deploy.config import API_KEY_ENV, AppConfig
 from hybrid_serve.deploy.ingress import create_app
 from hybrid_serve.deploy.protocol import ChatCompletionRequest, CompletionRequest
-from hybrid_serve.deploy.server import LLMServerImpl
+from hybrid_serve.deploy.errors import GenerateError
+from hybrid_serve.deploy.server import LLMServerImpl, Started
 from hybrid_serve.deploy.serving import LocalBackend, OpenAIServing
 from hybrid_serve.engine.admission import LoadView
 from hybrid_serve.engine.async_engine import EngineDeadError, ModelInfo, RequestDelta, SeqDelta
@@ -67,7 +69,9 @@ def make_client(tokenizer, engine: FakeEngine | None = None, **config) -> tuple[
     cfg = AppConfig(**config)
     server = LLMServerImpl(cfg, "r0", engine_factory=lambda c, r: engine)
     serving = OpenAIServing(cfg, LocalBackend(server), tokenizer, metrics.IngressMetrics("demo", "ingress-test"))
-    return TestClient(create_app(serving)), engine
+    client = TestClient(create_app(serving))
+    client.server = server
+    return client, engine
 
 
 def _error(resp, status: int, param: str | None = None) -> dict:
@@ -156,15 +160,69 @@ def test_error_after_stream_start_is_an_sse_event(tokenizer):
     ({"prompt": "x", "echo": True}, "echo"),
     ({"prompt": 5}, "prompt"),
     ({"prompt": "x", "stream_options": "yes"}, "stream_options"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),  # strict booleans: "yes", 1 and "true" are not true
+    ({"prompt": "x", "stream": 1}, "stream"),
+    ({"prompt": "x", "ignore_eos": "true"}, "ignore_eos"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "a\ud800b", "max_tokens": 4}, "prompt"),  # lone surrogates are not text
+    ({"prompt": ["ok", "\udfff"]}, "prompt"),
+    ({"prompt": "x", "stop": ["\ud800"]}, "stop"),
+    ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {str(VOCAB): 1}}, "logit_bias"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),  # known fields that would change the output: refused
+    ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+    ({"prompt": "x", "guided_json": {"type": "object"}}, "guided_json"),
+    ({"prompt": "x", "repetition_penalty": 1.2}, "repetition_penalty"),
 ])
 def test_invalid_input_is_400_not_422(tokenizer, body, param):
     client, _ = make_client(tokenizer)
-    _error(client.post("/v1/completions", json=body), 400, param)
+    raw = json.dumps(body)  # ASCII escapes: lone surrogates travel as JSON allows ("\\ud800")
+    _error(client.post("/v1/completions", content=raw, headers={"content-type": "application/json"}), 400, param)
 
 
-def test_too_long_prompt_is_413_and_unknown_model_404(tokenizer):
+@pytest.mark.parametrize("body, param", [
+    ({"messages": [{"role": "user", "content": "hi\ud800"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}, "logprobs"),
+])
+def test_invalid_chat_is_400_naming_the_field(tokenizer, body, param):
     client, _ = make_client(tokenizer)
-    _error(client.post("/v1/completions", json={"prompt": [1] * MAX_LEN}), 413, "prompt")
+    raw = json.dumps(body)
+    err = _error(client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"}),
+                 400, param)
+    assert "surrogate" in err["message"] or "not supported" in err["message"] or "valid" in err["message"]
+
+
+def test_no_op_values_of_unsupported_fields_are_accepted_and_logit_bias_reaches_the_engine(tokenizer):
+    client, engine = make_client(tokenizer)
+    ok = {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}, "tools": [],
+          "tool_choice": "none", "best_of": 1, "logit_bias": {"7": -100, "9": 2.5}}
+    assert client.post("/v1/chat/completions", json=ok).status_code == 200
+    assert engine.requests[-1][2].logit_bias == {7: -100.0, 9: 2.5}
+
+
+def test_openapi_and_docs_need_the_api_key_when_one_is_set(tokenizer):
+    open_client, _ = make_client(tokenizer)
+    assert open_client.get("/openapi.json").status_code == 200 and open_client.get("/docs").status_code == 200
+    client, _ = make_client(tokenizer, api_key="k1")
+    _error(client.get("/openapi.json"), 401)
+    assert client.get("/docs").status_code == 404
+    spec = client.get("/openapi.json", headers={"Authorization": "Bearer k1"}).json()
+    assert "/v1/completions" in spec["paths"]
+
+
+def test_context_overflow_is_400_with_the_numbers_and_unknown_model_404(tokenizer):
+    client, _ = make_client(tokenizer)
+    err = _error(client.post("/v1/completions", json={"prompt": [1] * MAX_LEN}), 400, "prompt")
+    assert err["code"] == "context_length_exceeded" and f"max_model_len={MAX_LEN}" in err["message"]
+    err = _error(client.post("/v1/completions", json={"prompt": [1] * 10, "max_tokens": MAX_LEN}), 400, "max_tokens")
+    assert err["code"] == "context_length_exceeded" and f"10 tokens + max_tokens={MAX_LEN}" in err["message"]
     _error(client.post("/v1/completions", json={"prompt": "x", "model": "other"}), 404, "model")
     _error(client.get("/v1/nope"), 404)
 
@@ -194,12 +252,134 @@ def test_api_key(tokenizer, monkeypatch):
     assert client.get("/health").status_code == 200  # health and metrics stay open
 
 
-def test_overloaded_and_dead_are_503(tokenizer):
-    client, engine = make_client(tokenizer, FakeEngine(waiting=10), max_waiting_requests=10)
-    assert _error(client.post("/v1/completions", json={"prompt": "x"}), 503)["code"] == "overloaded"
-    engine.waiting, engine.dead = 0, True
+class GatedEngine(FakeEngine):
+    """Holds every request before its first token until `gate` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def generate(self, ids, params, request_id, validated=False):
+        await self.gate.wait()
+        async for delta in super().generate(ids, params, request_id, validated):
+            yield delta
+
+
+def test_replica_admission_bounds_requests_and_tokens_waiting_for_a_first_token():
+    """The replica counts requests (not sequences) and prompt tokens without a first token;
+    past either bound a new one is refused at once with a Retry-After; an empty queue takes
+    any prompt; the queue empties as first tokens arrive."""
+    from hybrid_serve.deploy.server import GenerateRequest, Started
+    from hybrid_serve.deploy.errors import GenerateError
+    from hybrid_serve.engine.sampling_params import SamplingParams
+
+    async def scenario():
+        engine = GatedEngine()
+        server = LLMServerImpl(AppConfig(max_waiting_requests=2, max_waiting_tokens=100), "r0",
+                               engine_factory=lambda c, r: engine)
+
+        def request(i, num_tokens, n=1):
+            return server.generate(GenerateRequest(f"r{i}", [1] * num_tokens, SamplingParams(n=n, max_tokens=2)))
+
+        huge = request(0, 500, n=3)  # an empty queue takes it, however long; n=3 is one request
+        assert isinstance(await huge.__anext__(), Started)
+        assert (server.queue.num_requests, server.queue.num_tokens) == (1, 500)
+        refused = await request(1, 10).__anext__()
+        assert isinstance(refused, GenerateError) and refused.code == "overloaded" and refused.retry_after_s >= 1
+        assert "500 prompt tokens are waiting" in refused.message
+        engine.gate.set()
+        first = await huge.__anext__()  # its first token: it leaves the queue
+        assert first.seqs and server.queue.num_requests == 0 and server.ttft_avg_s is not None
+        engine.gate.clear()
+        small = [request(i, 10) for i in (2, 3)]
+        for stream in small:
+            assert isinstance(await stream.__anext__(), Started)
+        refused = await request(4, 1).__anext__()
+        assert isinstance(refused, GenerateError) and "2 requests are waiting" in refused.message
+        for stream in small + [huge]:
+            await stream.aclose()  # disconnects before a first token also leave the queue
+        assert (server.queue.num_requests, server.queue.num_tokens) == (0, 0)
+
+    asyncio.run(scenario())
+
+
+def test_overloaded_is_503_with_retry_after_and_dead_is_503(tokenizer):
+    client, engine = make_client(tokenizer, max_waiting_requests=1)
+    client.server.queue.enter(5)  # one request already waits for its first token
+    client.server.ttft_avg_s = 2.4
+    resp = client.post("/v1/completions", json={"prompt": "x"})
+    assert _error(resp, 503)["code"] == "overloaded" and resp.headers["retry-after"] == "3"
+    client.server.queue.leave(5)
+    assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+    engine.dead = True
     _error(client.post("/v1/completions", json={"prompt": "x"}), 503)
     _error(client.get("/health"), 503)
+
+
+class FlakyBackend(LocalBackend):
+    """Replica attempts, scripted: "dead" (unreachable before Started), "before" (dies after
+    Started, before a token), "after" (dies after one token), "ok"."""
+
+    def __init__(self, server, script):
+        super().__init__(server)
+        self.script, self.attempts = list(script), 0
+
+    async def generate(self, request):
+        from hybrid_serve.deploy.errors import REPLICA_FAILED, replica_failed
+
+        mode = self.script[min(self.attempts, len(self.script) - 1)]
+        self.attempts += 1
+        if mode == "dead":
+            yield GenerateError(503, "the replica failed (ActorDiedError)", code=REPLICA_FAILED)
+            return
+        count = 0
+        async for item in self.server.generate(request):
+            if mode == "before" and not isinstance(item, Started) or mode == "after" and count == 2:
+                raise replica_failed("the replica failed (ActorDiedError)")
+            count += 1
+            yield item
+
+
+def _flaky_client(tokenizer, script):
+    cfg = AppConfig()
+    server = LLMServerImpl(cfg, "r0", engine_factory=lambda c, r: FakeEngine())
+    backend = FlakyBackend(server, script)
+    serving = OpenAIServing(cfg, backend, tokenizer, metrics.IngressMetrics("demo", "ingress-test"))
+    return TestClient(create_app(serving)), backend
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_replica_failure_before_the_first_token_is_retried_elsewhere(tokenizer, stream):
+    client, backend = _flaky_client(tokenizer, ["dead", "before", "ok"])
+    resp = client.post("/v1/completions", json={"prompt": "hi", "stream": stream})
+    assert resp.status_code == 200 and backend.attempts == 3
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in _events(resp.text)[:-1]) if stream \
+        else resp.json()["choices"][0]["text"]
+    assert text == "Hello there!"
+
+
+def test_replica_failure_after_a_token_ends_cleanly(tokenizer):
+    """Non-streaming: 503 with Retry-After (never 500). Streaming: an SSE error event with
+    type and code, then [DONE]. No retry: the client already has part of the output."""
+    client, backend = _flaky_client(tokenizer, ["after", "ok"])
+    resp = client.post("/v1/completions", json={"prompt": "hi"})
+    assert _error(resp, 503)["code"] == "replica_failed" and resp.headers["retry-after"] == "1"
+    assert backend.attempts == 1
+    client, backend = _flaky_client(tokenizer, ["after", "ok"])
+    resp = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stream": True})
+    events = _events(resp.text)
+    assert resp.status_code == 200 and events[-1] == "[DONE]" and backend.attempts == 1
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "service_unavailable_error" and error["code"] == "replica_failed"
+
+
+def test_replicas_failing_every_time_give_503_not_500(tokenizer, monkeypatch):
+    from hybrid_serve.deploy import serving as serving_module
+
+    monkeypatch.setattr(serving_module, "REPLICA_RETRY_BACKOFF_S", 0.0)
+    client, backend = _flaky_client(tokenizer, ["dead"])
+    resp = client.post("/v1/completions", json={"prompt": "hi"})
+    assert _error(resp, 503)["code"] == "replica_failed" and backend.attempts == serving_module.REPLICA_ATTEMPTS
 
 
 # ----- config and metrics --------------------------------------------------------------------

@@ -44,7 +44,7 @@ def _fuzz(op, mode, served, session, counts: Counter, server_errors: list[str]) 
 def test_fuzz_from_openapi(served):
     from schemathesis import GenerationMode
 
-    spec = httpx.get(f"{served.base_url}/openapi.json").json()
+    spec = httpx.get(f"{served.base_url}/openapi.json", headers=served.headers).json()
     schema = schemathesis.openapi.from_dict(spec)
     session = requests.Session()
     counts: Counter = Counter()

@@ -38,9 +38,35 @@ def test_unknown_route_is_404_in_openai_shape(served):
     _assert_error(_post(served, "/v1/embeddings", {"input": "x"}), 404)
 
 
-def test_too_long_prompt_is_413(served):
-    _assert_error(_post(served, "/v1/completions", {"prompt": [5] * (served.max_model_len + 10)}), 413, "prompt")
-    _assert_error(_post(served, "/v1/completions", {"prompt": "word " * 2000}), 413, "prompt")
+def test_context_overflow_is_400(served):
+    """Prompt alone or prompt + max_tokens over the context: 400 either way (as OpenAI and vLLM)."""
+    _assert_error(_post(served, "/v1/completions", {"prompt": [5] * (served.max_model_len + 10)}), 400, "prompt")
+    _assert_error(_post(served, "/v1/completions", {"prompt": "word " * 2000}), 400, "prompt")
+    _assert_error(_post(served, "/v1/completions", {"prompt": [5] * 10, "max_tokens": served.max_model_len}), 400,
+                  "max_tokens")
+
+
+@pytest.mark.parametrize("path, raw, param", [
+    ("/v1/completions", '{"model":"demo","prompt":"a\\ud800b","max_tokens":4}', "prompt"),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"\\udc00"}]}', "messages"),
+    ("/v1/completions", '{"prompt":"x","stream":"yes"}', "stream"),
+    ("/v1/completions", '{"prompt":"x","best_of":2}', "best_of"),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function",'
+                             '"function":{"name":"f"}}]}', "tools"),
+    ("/v1/chat/completions", '{"messages":[{"role":"user","content":"x"}],'
+                             '"response_format":{"type":"json_object"}}', "response_format"),
+])
+def test_undecodable_text_unsupported_fields_and_loose_types_are_400(served, path, raw, param):
+    resp = httpx.post(f"{served.base_url}{path}", content=raw.encode(), timeout=60,
+                      headers={**served.headers, "content-type": "application/json"})
+    _assert_error(resp, 400, param)
+
+
+def test_logit_bias_steers_the_output(served, offline_llm):
+    body = {"prompt": "hello", "max_tokens": 4, "temperature": 0, "logit_bias": {"42": 100}, "ignore_eos": True}
+    resp = _post(served, "/v1/completions", body)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["text"] == offline_llm.tokenizer.decode([42] * 4)
 
 
 def test_too_large_body_is_413(served):

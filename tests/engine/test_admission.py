@@ -18,17 +18,27 @@ def test_can_start_until_max_num_seqs_or_rows_run_out():
     assert admission.can_start(_view(running=1, rows=0)).reason == "no free request row"
 
 
-def test_on_arrival_queues_then_rejects_past_the_bound():
-    admission = Admission(max_num_seqs=4, max_waiting=3)
-    assert admission.on_arrival(_view()).admitted
-    assert admission.on_arrival(_view(running=4)).decision == "queue"
-    assert admission.on_arrival(_view(running=4, waiting=2)).decision == "queue"
-    rejected = admission.on_arrival(_view(running=4, waiting=3))
-    assert rejected.decision == "reject" and "3 requests are waiting (limit 3)" == rejected.reason
-    assert Admission(max_num_seqs=4).on_arrival(_view(running=4, waiting=10**6)).decision == "queue"
+def test_on_arrival_queues_then_rejects_past_the_bounds():
+    from hybrid_serve.engine.admission import FirstTokenQueue
+
+    admission = Admission(max_num_seqs=4, max_waiting=3, max_waiting_tokens=100)
+    queue = FirstTokenQueue()
+    assert admission.on_arrival(_view(), queue, 10).admitted
+    assert admission.on_arrival(_view(running=4), queue, 10).decision == "queue"
+    assert admission.on_arrival(_view(), queue, 10_000).admitted  # an empty queue takes any prompt
+    for _ in range(2):
+        queue.enter(30)
+    assert admission.on_arrival(_view(running=4), queue, 40).decision == "queue"
+    too_long = admission.on_arrival(_view(running=4), queue, 41)
+    assert too_long.decision == "reject" and "60 prompt tokens are waiting" in too_long.reason
+    queue.enter(1)
+    rejected = admission.on_arrival(_view(running=4), queue, 1)
+    assert rejected.decision == "reject" and rejected.reason == "3 requests are waiting for their first token (limit 3)"
+    assert Admission(max_num_seqs=4).on_arrival(_view(running=4, waiting=10**6), queue, 10**6).decision == "queue"
 
 
-@pytest.mark.parametrize("kwargs", [{"max_num_seqs": 0}, {"max_num_seqs": 2, "max_waiting": 0}])
+@pytest.mark.parametrize("kwargs", [{"max_num_seqs": 0}, {"max_num_seqs": 2, "max_waiting": 0},
+                                    {"max_num_seqs": 2, "max_waiting_tokens": 0}])
 def test_bad_bounds(kwargs):
     with pytest.raises(ValueError, match="max_"):
         Admission(**kwargs)

@@ -1,9 +1,10 @@
 """Incremental detokenization (stop strings across tokens, partial UTF-8) and the sampler."""
+import pytest
 import torch
 
 from hybrid_serve.engine.detokenizer import IncrementalDetokenizer
 from hybrid_serve.engine.request import Request
-from hybrid_serve.engine.sampler import mask_early_stops, record_logprobs, sample
+from hybrid_serve.engine.sampler import adjust_logits, record_logprobs, sample
 from hybrid_serve.kernels.sampling import masked_logits_row_ref
 from hybrid_serve.engine.sampling_params import SamplingParams
 
@@ -68,7 +69,7 @@ def test_top_k_top_p_min_p_masks():
 def test_greedy_min_tokens_and_logprobs():
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
     req = _req(temperature=0.0, min_tokens=1, logprobs=2)  # eos is token 0
-    masked = mask_early_stops(logits, [req])
+    masked = adjust_logits(logits, [req])
     tokens = sample(masked, [req]).tolist()
     assert tokens == [1]  # eos banned before min_tokens
     record_logprobs(masked, tokens, [req])
@@ -79,6 +80,25 @@ def test_greedy_min_tokens_and_logprobs():
     assert tokens == [0]
     record_logprobs(logits, tokens, [req2])
     assert abs(req2.logprobs[0][0].logprob - float(torch.log_softmax(logits[0], -1)[0])) < 1e-6
+
+
+def test_logit_bias_is_added_per_request_before_sampling():
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0], [5.0, 1.0, 0.0, -1.0], [5.0, 1.0, 0.0, -1.0]])
+    reqs = [_req(temperature=0.0, logit_bias={3: 100.0}), _req(temperature=0.0),
+            _req(temperature=0.0, logit_bias={0: -100, 2: 4.5})]
+    biased = adjust_logits(logits, reqs)
+    assert biased[0].tolist() == [5.0, 1.0, 0.0, 99.0] and biased[1].tolist() == logits[1].tolist()
+    assert biased[2].tolist() == [-95.0, 1.0, 4.5, -1.0]
+    assert sample(biased, reqs).tolist() == [3, 0, 2]
+    assert adjust_logits(logits, [_req(temperature=0.0)] * 3) is logits  # nothing asked: no copy
+
+
+@pytest.mark.parametrize("bias", [{-1: 1.0}, {"7": 1.0}, {1: 101.0}, {1: float("nan")}, {True: 1.0}, [1, 2]])
+def test_bad_logit_bias_is_a_value_error(bias):
+    from hybrid_serve.engine.sampling_params import SamplingParams
+
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
 
 
 def test_batched_gpu_sampler_is_seeded_per_request(monkeypatch):
