@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .allocator import IdAllocator
 from .ops import CacheOps
-from .radix_cache import RadixCache, RadixNode
+from .radix_cache import CacheEvent, RadixCache, RadixNode
 from .sizing import PoolSetup
 
 
@@ -51,7 +51,7 @@ class CacheManager:
         self.pages = IdAllocator(num_pages - 1, "KV pages")  # page 0 reserved
         self.state_slots = IdAllocator(num_state_slots, "state slots")
         self.rows = IdAllocator(num_rows, "request rows")
-        self.tree = RadixCache(page_size, needs_state)
+        self.tree = RadixCache(page_size, needs_state)  # records cache events once take_events is called
         self.needs_state = needs_state
         self.enable_prefix_cache = enable_prefix_cache
         self.stats = CacheStats()
@@ -204,6 +204,16 @@ class CacheManager:
         self.state_slots.free([alloc.state_slot])
         self.rows.free([alloc.req_row])
         self.pre_ops.set_row(alloc.req_row, 0)
+
+    def take_events(self) -> list[CacheEvent]:
+        """Cache events since the last call (checkpoints taken and evicted, KV evicted), for the
+        router's prefix index. Recording starts with the first call (the offline engine, which
+        has no router, records nothing); at most `RadixCache.MAX_PENDING_EVENTS` wait between
+        calls, beyond which they collapse into one "reset" (the router then forgets this
+        replica rather than believe stale entries)."""
+        events = self.tree.events or []
+        self.tree.events = []
+        return events
 
     def reset_prefix_cache(self) -> None:
         """Drop everything the tree holds that no running request uses."""

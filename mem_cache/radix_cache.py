@@ -36,6 +36,18 @@ class RadixNode:
 
 
 
+@dataclass(frozen=True)
+class CacheEvent:
+    """What the tree forgot or gained, for the router's prefix index (routing/prefix_index.py,
+    which turns the token ids into block hashes): `token_ids` is the prefix up to the end of
+    the affected span, `start` its first affected token (kv_evicted). Kinds:
+    "checkpoint_taken", "checkpoint_evicted", "kv_evicted", "reset" (no tokens)."""
+
+    kind: str
+    token_ids: tuple[int, ...] = ()
+    start: int = 0
+
+
 @dataclass
 class PrefixMatch:
     node: RadixNode  # deepest usable node (root when nothing usable matched)
@@ -61,6 +73,7 @@ class RadixCache:
         self._clock = 0
         self.num_pages = 0  # KV pages the tree holds
         self.num_state_slots = 0  # checkpoints the tree holds
+        self.events: list[CacheEvent] | None = None  # set to a list to record evictions (CacheManager)
 
     # ----- helpers ---------------------------------------------------------------------
     def _tick(self) -> int:
@@ -99,6 +112,24 @@ class RadixCache:
 
     def _usable(self, node: RadixNode) -> bool:
         return node is self.root or not self.needs_state or node.state_slot is not None
+
+    def path_tokens(self, node: RadixNode) -> tuple[int, ...]:
+        """The token ids from the root to the end of `node`'s edge."""
+        chunks = []
+        while node is not None:
+            chunks.append(node.tokens)
+            node = node.parent
+        return tuple(t for chunk in reversed(chunks) for t in chunk)
+
+    MAX_PENDING_EVENTS = 10_000
+
+    def _record(self, kind: str, node: RadixNode) -> None:
+        if self.events is None:
+            return
+        if len(self.events) >= self.MAX_PENDING_EVENTS:  # nobody took them: the reader must resync
+            self.events[:] = [CacheEvent("reset")]
+        tokens = self.path_tokens(node)
+        self.events.append(CacheEvent(kind, tokens, len(tokens) - len(node.tokens)))
 
     def _path_pages(self, node: RadixNode) -> list[int]:
         chunks = []
@@ -158,6 +189,7 @@ class RadixCache:
             if node.state_slot is None and node is not self.root:
                 node.state_slot = state_slot
                 self.num_state_slots += 1
+                self._record("checkpoint_taken", node)
             else:
                 duplicate_state = state_slot
         return InsertResult(node, self._path_pages(node), duplicate_state)
@@ -193,6 +225,7 @@ class RadixCache:
         while len(freed_pages) < num_pages and leaves:
             leaves.sort(key=lambda n: n.last_access)
             leaf = leaves.pop(0)
+            self._record("kv_evicted", leaf)
             freed_pages.extend(leaf.pages)
             self.num_pages -= len(leaf.pages)
             if leaf.state_slot is not None:
@@ -210,6 +243,7 @@ class RadixCache:
                          key=lambda n: n.last_access)
         freed = []
         for node in holders[:num_slots]:
+            self._record("checkpoint_evicted", node)
             freed.append(node.state_slot)
             node.state_slot = None
             self.num_state_slots -= 1

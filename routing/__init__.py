@@ -1,7 +1,8 @@
 """Placement across replicas: Ray-free policies (`policy.py`) and the per-replica prefix
 index contract (`prefix_index.py`). Plain classes; the Serve RequestRouter (deploy/) and
 the Router actor (actors/) wrap them, so everything here is testable without Ray."""
-from .policy import Placement, PlacementPolicy, PowerOfTwoChoices, ReplicaStats, RoutingRequest
-from .prefix_index import PrefixIndex
+from .policy import Placement, PlacementPolicy, PowerOfTwoChoices, PrefixAwarePolicy, ReplicaStats, RoutingRequest
+from .prefix_index import BlockPrefixIndex, PrefixIndex, block_hashes, cache_event
 
-__all__ = ["Placement", "PlacementPolicy", "PowerOfTwoChoices", "PrefixIndex", "ReplicaStats", "RoutingRequest"]
+__all__ = ["BlockPrefixIndex", "Placement", "PlacementPolicy", "PowerOfTwoChoices", "PrefixAwarePolicy", "PrefixIndex",
+           "ReplicaStats", "RoutingRequest", "block_hashes", "cache_event"]

@@ -71,3 +71,68 @@ class PowerOfTwoChoices:
         pair = self._rng.sample(list(replicas), 2) if len(replicas) > 1 else [replicas[0]]
         best = min(pair, key=lambda r: (r.queue_len, r.num_waiting_tokens))
         return Placement(best.replica_id, "pow2")
+
+
+class PrefixAwarePolicy:
+    """Placement by predicted saved prefill against load, for hybrid models.
+
+    For each replica: saved = the reusable prefix the index predicts there (ending at a state
+    checkpoint on a hybrid model), cost = its waiting tokens + `running_cost_tokens` per
+    running request; a replica with no free state slot (a hybrid replica's concurrency is
+    capped by them, not by KV) pays `no_slot_cost_tokens` more. The best `saved - cost` wins,
+    unless it is out of balance (`imbalance_ratio` x the least queue, and `imbalance_min`
+    more), or nothing matches: then the less loaded of two random replicas. A request with
+    a session id goes where the session went last while that replica is in balance. Every
+    placement is recorded in the index (`record_sent`), so the next request of the same
+    conversation finds it.
+
+    Decision reasons (the metric's label): "prefix", "session", "pow2" (no match),
+    "imbalance" (the best match was overloaded).
+    """
+
+    def __init__(self, index, seed: int | None = None, running_cost_tokens: int = 64,
+                 no_slot_cost_tokens: int = 4096, imbalance_ratio: float = 2.0, imbalance_min: int = 8,
+                 max_sessions: int = 100_000) -> None:
+        self.index = index
+        self.fallback = PowerOfTwoChoices(seed)
+        self.running_cost_tokens = running_cost_tokens
+        self.no_slot_cost_tokens = no_slot_cost_tokens
+        self.imbalance_ratio = imbalance_ratio
+        self.imbalance_min = imbalance_min
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, str] = {}  # session id -> replica id (insertion order: oldest first)
+
+    def _cost(self, r: ReplicaStats) -> int:
+        return (r.num_waiting_tokens + self.running_cost_tokens * r.num_running
+                + (self.no_slot_cost_tokens if r.num_free_state_slots == 0 else 0))
+
+    def _balanced(self, r: ReplicaStats, least_queue: int) -> bool:
+        return r.queue_len <= max(self.imbalance_ratio * least_queue, least_queue + self.imbalance_min)
+
+    def choose(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
+        if not replicas:
+            raise ValueError("no replica to choose from")
+        least_queue = min(r.queue_len for r in replicas)
+        by_id = {r.replica_id: r for r in replicas}
+        placement = None
+        session = by_id.get(self.sessions.get(request.session_id, "")) if request.session_id else None
+        if session is not None and self._balanced(session, least_queue):
+            placement = Placement(session.replica_id, "session")
+        if placement is None:
+            saved = self.index.match(request.prompt_token_ids)
+            scored = [(saved.get(r.replica_id, 0) - self._cost(r), r) for r in replicas if saved.get(r.replica_id)]
+            if scored:
+                best = max(scored, key=lambda sr: sr[0])[1]
+                if self._balanced(best, least_queue):
+                    placement = Placement(best.replica_id, "prefix")
+                else:
+                    placement = Placement(self.fallback.choose(request, replicas).replica_id, "imbalance")
+        if placement is None:
+            placement = self.fallback.choose(request, replicas)
+        self.index.record_sent(placement.replica_id, request.prompt_token_ids)
+        if request.session_id:
+            self.sessions.pop(request.session_id, None)
+            self.sessions[request.session_id] = placement.replica_id
+            if len(self.sessions) > self.max_sessions:
+                self.sessions.pop(next(iter(self.sessions)))
+        return placement

@@ -1,15 +1,48 @@
-"""The per-replica prefix index's contract (the router issue builds it).
+"""The per-replica prefix index: what each replica has cached, predicted from what was sent
+there and corrected by the cache events it publishes.
 
-For each replica the index keeps page-sized token blocks of the prompts sent there, which
-of those positions hold a recurrent-state checkpoint on the replica, and forgets what the
-replica forgot, from the cache events the replicas publish (checkpoint taken or evicted,
-KV pages evicted, replica restarted). For a hybrid model the reusable prefix is the last
+For each replica the index keeps page-sized token blocks of the prompts sent there (as
+chained block hashes: block i's hash covers blocks 0..i), which of those block ends hold a
+recurrent-state checkpoint on the replica, and forgets what the replica forgot (checkpoint
+or KV evicted, replica restarted). For a hybrid model the reusable prefix is the last
 checkpoint inside the KV match: KV past the last saved state is worthless (DESIGN.md,
 "Prefix cache"), so a match is reported in tokens up to that checkpoint.
+
+    index = BlockPrefixIndex(page_size=16, checkpoint_interval=256, hybrid=True)
+    index.record_sent("r0", prompt_ids)                 # placed there: predicted cached
+    index.apply_event("r0", {"kind": "kv_evicted", "block_hashes": [...]})   # corrected
+    index.match(prompt_ids)                             # {"r0": 512, ...} reusable tokens
+
+Events (what a replica publishes, its token ids turned into `block_hashes` on its side):
+    {"kind": "checkpoint_taken",   "block_hashes": hashes of the prefix up to the checkpoint}
+    {"kind": "checkpoint_evicted", "block_hashes": same}
+    {"kind": "kv_evicted",         "block_hashes": hashes of the prefix up to the evicted span's
+                                   end, "start_block": its first evicted block}
+    {"kind": "reset"}              the replica restarted or cleared its cache: forget it all
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Protocol, Sequence
+
+
+def block_hashes(token_ids: Sequence[int], page_size: int, limit: int | None = None) -> list[int]:
+    """Chained hashes of the whole page-sized blocks of `token_ids[:limit]`: hash i depends on
+    blocks 0..i, so equal hashes mean equal prefixes (up to 64-bit collisions, which only
+    cost a routing choice). Deterministic across processes (ints and tuples of ints are not
+    salted)."""
+    ids = token_ids if limit is None else token_ids[:limit]
+    out, parent = [], 0
+    for start in range(0, len(ids) - page_size + 1, page_size):
+        parent = hash((parent, *ids[start:start + page_size]))
+        out.append(parent)
+    return out
+
+
+def cache_event(kind: str, token_ids: Sequence[int] = (), page_size: int = 1, start: int = 0) -> dict:
+    """A replica's cache event (mem_cache.CacheEvent: kind, the prefix's token ids up to the
+    end of the affected span, its first affected token) as the index takes it: block hashes."""
+    return {"kind": kind, "block_hashes": block_hashes(token_ids, page_size), "start_block": start // page_size}
 
 
 class PrefixIndex(Protocol):
@@ -17,9 +50,100 @@ class PrefixIndex(Protocol):
         """A request was placed on `replica_id` (its blocks will be cached there)."""
 
     def apply_event(self, replica_id: str, event: dict) -> None:
-        """A cache event the replica published: {"kind": "checkpoint_taken" | "checkpoint_evicted"
-        | "kv_evicted" | "restarted", ...}."""
+        """A cache event the replica published (see the module docstring)."""
 
     def match(self, prompt_token_ids: Sequence[int]) -> dict[str, int]:
         """replica_id -> predicted reusable prefix tokens (ending at a checkpoint for hybrid
         models) for every replica with a non-zero match."""
+
+
+class _ReplicaBlocks:
+    """One replica's blocks: hash -> has a checkpoint at its end, in LRU order (a bound on
+    memory; the replica's own LRU evicts in about this order too)."""
+
+    def __init__(self, max_blocks: int) -> None:
+        self.max_blocks = max_blocks
+        self.blocks: OrderedDict[int, bool] = OrderedDict()
+
+    def touch(self, h: int, checkpoint: bool) -> None:
+        had = self.blocks.pop(h, False)
+        self.blocks[h] = had or checkpoint
+        if len(self.blocks) > self.max_blocks:
+            self.blocks.popitem(last=False)
+
+
+class BlockPrefixIndex:
+    """`PrefixIndex` over chained block hashes. `hybrid`: matches end at checkpoints, which
+    the replica takes every `checkpoint_interval` tokens and at the last page boundary before
+    a prompt's last token (predicted on send, confirmed or withdrawn by events); without
+    state layers any KV match is reusable. A match covers at most all but the prompt's last
+    token (the engine computes that one for its logits)."""
+
+    def __init__(self, page_size: int, checkpoint_interval: int, hybrid: bool = True,
+                 max_blocks_per_replica: int = 1 << 20) -> None:
+        if page_size < 1 or checkpoint_interval < page_size or checkpoint_interval % page_size:
+            raise ValueError(f"checkpoint_interval={checkpoint_interval} must be a positive multiple of "
+                             f"page_size={page_size}")
+        self.page_size = page_size
+        self.blocks_per_interval = checkpoint_interval // page_size
+        self.hybrid = hybrid
+        self.max_blocks = max_blocks_per_replica
+        self.replicas: dict[str, _ReplicaBlocks] = {}
+
+    def _replica(self, replica_id: str) -> _ReplicaBlocks:
+        if replica_id not in self.replicas:
+            self.replicas[replica_id] = _ReplicaBlocks(self.max_blocks)
+        return self.replicas[replica_id]
+
+    def _usable_hashes(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        return block_hashes(prompt_token_ids, self.page_size, max(len(prompt_token_ids) - 1, 0))
+
+    def record_sent(self, replica_id: str, prompt_token_ids: Sequence[int]) -> None:
+        hashes = self._usable_hashes(prompt_token_ids)
+        blocks = self._replica(replica_id)
+        last = len(hashes) - 1  # the prompt-end checkpoint: the last page boundary before its last token
+        for i, h in enumerate(hashes):
+            blocks.touch(h, checkpoint=(i + 1) % self.blocks_per_interval == 0 or i == last)
+
+    def apply_event(self, replica_id: str, event: dict) -> None:
+        kind = event.get("kind")
+        if kind == "reset":
+            self.replicas.pop(replica_id, None)
+            return
+        hashes = event.get("block_hashes") or []
+        if not hashes:
+            return
+        blocks = self._replica(replica_id)
+        if kind == "checkpoint_taken":
+            for h in hashes:  # the KV before a checkpoint is cached too
+                blocks.touch(h, checkpoint=False)
+            blocks.blocks[hashes[-1]] = True
+        elif kind == "checkpoint_evicted":
+            if hashes[-1] in blocks.blocks:
+                blocks.blocks[hashes[-1]] = False
+        elif kind == "kv_evicted":
+            for h in hashes[int(event.get("start_block", 0)):]:
+                blocks.blocks.pop(h, None)
+        else:
+            raise ValueError(f"unknown cache event kind {kind!r}")
+
+    def forget_replica(self, replica_id: str) -> None:
+        self.replicas.pop(replica_id, None)
+
+    def match(self, prompt_token_ids: Sequence[int]) -> dict[str, int]:
+        hashes = self._usable_hashes(prompt_token_ids)
+        out = {}
+        for replica_id, replica in self.replicas.items():
+            blocks, best = replica.blocks, 0
+            for i, h in enumerate(hashes):
+                checkpoint = blocks.get(h)
+                if checkpoint is None:
+                    break
+                if checkpoint or not self.hybrid:
+                    best = i + 1
+            if best:
+                out[replica_id] = best * self.page_size
+        return out
+
+    def num_blocks(self) -> int:
+        return sum(len(r.blocks) for r in self.replicas.values())
