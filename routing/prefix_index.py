@@ -13,11 +13,11 @@ checkpoint inside the KV match: KV past the last saved state is worthless (DESIG
     index.apply_event("r0", {"kind": "kv_evicted", "block_hashes": [...]})   # corrected
     index.match(prompt_ids)                             # {"r0": 512, ...} reusable tokens
 
-Events (what a replica publishes, its token ids turned into `block_hashes` on its side):
-    {"kind": "checkpoint_taken",   "block_hashes": hashes of the prefix up to the checkpoint}
-    {"kind": "checkpoint_evicted", "block_hashes": same}
-    {"kind": "kv_evicted",         "block_hashes": hashes of the prefix up to the evicted span's
-                                   end, "start_block": its first evicted block}
+Events (what a replica publishes, `cache_event` turning its token ids into the chained
+hashes of the blocks they affect, so an event stays small however long the prefix):
+    {"kind": "checkpoint_taken",   "block_hashes": [hash of the block ending at the checkpoint]}
+    {"kind": "checkpoint_evicted", "block_hashes": [same]}
+    {"kind": "kv_evicted",         "block_hashes": [hashes of the evicted blocks]}
     {"kind": "reset"}              the replica restarted or cleared its cache: forget it all
 """
 from __future__ import annotations
@@ -41,8 +41,14 @@ def block_hashes(token_ids: Sequence[int], page_size: int, limit: int | None = N
 
 def cache_event(kind: str, token_ids: Sequence[int] = (), page_size: int = 1, start: int = 0) -> dict:
     """A replica's cache event (mem_cache.CacheEvent: kind, the prefix's token ids up to the
-    end of the affected span, its first affected token) as the index takes it: block hashes."""
-    return {"kind": kind, "block_hashes": block_hashes(token_ids, page_size), "start_block": start // page_size}
+    end of the affected span, its first affected token) as the index takes it: the hashes of
+    the affected blocks only (the last one for a checkpoint, the evicted ones for KV)."""
+    hashes = block_hashes(token_ids, page_size)
+    if kind == "kv_evicted":
+        hashes = hashes[start // page_size:]
+    elif hashes:
+        hashes = hashes[-1:]
+    return {"kind": kind, "block_hashes": hashes}
 
 
 class PrefixIndex(Protocol):
@@ -115,14 +121,12 @@ class BlockPrefixIndex:
             return
         blocks = self._replica(replica_id)
         if kind == "checkpoint_taken":
-            for h in hashes:  # the KV before a checkpoint is cached too
-                blocks.touch(h, checkpoint=False)
-            blocks.blocks[hashes[-1]] = True
+            blocks.touch(hashes[-1], checkpoint=True)
         elif kind == "checkpoint_evicted":
             if hashes[-1] in blocks.blocks:
                 blocks.blocks[hashes[-1]] = False
         elif kind == "kv_evicted":
-            for h in hashes[int(event.get("start_block", 0)):]:
+            for h in hashes:
                 blocks.blocks.pop(h, None)
         else:
             raise ValueError(f"unknown cache event kind {kind!r}")

@@ -1,8 +1,7 @@
 """routing/prefix_index.py and PrefixAwarePolicy without Ray: block hashes, predictions that
 end at checkpoints on hybrid models, corrections from cache events, placement by saved
-prefill against load, session affinity, and decisions in well under a millisecond."""
+prefill against load, session affinity, balance under uniform traffic."""
 import random
-import time
 
 import pytest
 
@@ -44,11 +43,13 @@ def test_events_make_the_index_forget_what_the_replica_forgot():
     index.record_sent("r0", prompt)
     index.record_sent("r1", prompt)
     hashes = block_hashes(prompt, PS)
-    index.apply_event("r0", {"kind": "checkpoint_evicted", "block_hashes": hashes[:9]})  # the one at 36
+    assert cache_event("checkpoint_evicted", prompt[:36], PS) == {"kind": "checkpoint_evicted",
+                                                                  "block_hashes": hashes[8:9]}
+    index.apply_event("r0", cache_event("checkpoint_evicted", prompt[:36], PS))  # the one at 36
     assert index.match(prompt) == {"r0": 32, "r1": 36}
-    index.apply_event("r0", {"kind": "kv_evicted", "block_hashes": hashes[:8], "start_block": 6})
+    index.apply_event("r0", cache_event("kv_evicted", prompt[:36], PS, start=24))  # blocks 6..8
     assert index.match(prompt) == {"r0": 16, "r1": 36}  # KV up to 24 left: its last checkpoint is 16
-    index.apply_event("r0", {"kind": "checkpoint_taken", "block_hashes": hashes[:5]})
+    index.apply_event("r0", cache_event("checkpoint_taken", prompt[:20], PS))
     assert index.match(prompt)["r0"] == 20
     index.apply_event("r1", {"kind": "reset"})
     assert index.match(prompt) == {"r0": 20}
@@ -122,26 +123,21 @@ def test_session_affinity_until_out_of_balance():
     assert policy.choose(RoutingRequest([9], session_id="u1"), busy).replica_id != home
 
 
-def test_uniform_random_traffic_stays_balanced_and_decisions_are_fast():
+def test_uniform_random_traffic_stays_balanced():
     """4 replicas, random prompts (no sharing), each request staying a while: placement max/min
-    <= 1.5, and a decision on a 2k-token prompt with a full index takes well under 1 ms."""
+    <= 1.5. (Decision time is a benchmark figure, router_decision_p99_ms, not asserted here.)"""
     index = BlockPrefixIndex(16, 256)
     policy, rng = PrefixAwarePolicy(index, seed=3), random.Random(4)
     load = {f"r{i}": 0 for i in range(4)}
     placed = dict.fromkeys(load, 0)
     active = []
-    times = []
     for step in range(2000):
         prompt = [rng.randrange(32000) for _ in range(rng.choice((64, 512, 2048)))]
         stats = [_idle(r, num_running=n) for r, n in load.items()]
-        start = time.perf_counter()
         chosen = policy.choose(RoutingRequest(prompt), stats).replica_id
-        times.append(time.perf_counter() - start)
         load[chosen] += 1
         placed[chosen] += 1
         active.append(chosen)
         if len(active) > 32:
             load[active.pop(0)] -= 1
     assert max(placed.values()) / min(placed.values()) <= 1.5, placed
-    times.sort()
-    assert times[int(0.99 * len(times))] < 5e-3  # generous for a loaded CI core; the benchmark reports p99
