@@ -2,7 +2,8 @@
 once to the public `LLM` API, fixed or random input / output lengths from a seed; output and
 total tokens per second, TTFT and TPOT percentiles from the engine's own timestamps
 (`RequestOutput.metrics`), and transformers' `generate` on the same workload in the same run
-(with fla when importable, and without) as the baseline.
+(with fla when importable, and without) as the baseline, run first in their own processes.
+`--step-log` adds every step's wall time and the Triton kernels compiled while serving.
 
     python benchmarks/throughput.py [--model qwen3_5_2p3b] [--num-prompts 256] [--input-len 512]
         [--output-len 128] [--range-ratio 0.0] [--seed 0] [--baseline fla,torch|none]
@@ -39,6 +40,26 @@ def percentiles(values: list[float]) -> dict:
     return {"p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99), "mean_ms": statistics.mean(values) * 1e3}
 
 
+def watch_compiles(log: list):
+    """Record every Triton kernel compiled (or loaded from the disk cache) in this process
+    from now on: (kernel, specialization) in `log`. Returns a function that stops it."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return lambda: None
+
+    def hook(**kwargs):
+        try:
+            text = str(kwargs.get("repr", ""))
+            log.append((time.perf_counter(), f"{getattr(kwargs.get('fn'), 'name', '?')}: {text[text.find('('):][:300]}"))
+        except Exception:  # never let the log break a launch
+            pass
+        return False
+
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
+    return lambda: setattr(knobs.runtime, "jit_cache_hook", previous)
+
+
 def run_ours(model_dir: str | None, device: str, requests, engine_args: dict, step_log: bool = False) -> dict:
     from hybrid_serve import LLM, SamplingParams
 
@@ -49,7 +70,8 @@ def run_ours(model_dir: str | None, device: str, requests, engine_args: dict, st
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for _, n in requests]
     warm = min(8, len(requests))
     llm.generate([p for p, _ in requests[:warm]], params[:warm])  # compile / warm the shapes
-    engine, steps = llm.engine, []
+    engine, steps, compiles = llm.engine, [], []
+    stop_watch = watch_compiles(compiles) if step_log else (lambda: None)
     if step_log and engine is not None:  # wall time of every engine step and what it carried
         real_step = engine.step
 
@@ -65,6 +87,10 @@ def run_ours(model_dir: str | None, device: str, requests, engine_args: dict, st
     start = time.perf_counter()
     outs = llm.generate([p for p, _ in requests], params)
     elapsed = time.perf_counter() - start
+    stop_watch()
+    if step_log:
+        print(f"{len(compiles)} Triton kernels compiled while serving"
+              + "".join(f"\n  +{t - start:.2f} s {what}" for t, what in compiles[:20]))
     if steps:
         walls = sorted(s[0] for s in steps)
         print(f"{len(steps)} steps: median {walls[len(walls) // 2] * 1e3:.1f} ms, sum {sum(walls):.2f} s; slowest:",
@@ -83,13 +109,16 @@ def run_ours(model_dir: str | None, device: str, requests, engine_args: dict, st
         import torch
 
         torch.cuda.empty_cache()  # the baselines run in other processes on the same card
+    extra = {"compiled_while_serving": [w for _, w in compiles], "steps": len(steps),
+             "median_step_ms": sorted(s[0] for s in steps)[len(steps) // 2] * 1e3,
+             "slowest_steps_ms": [round(s[0] * 1e3, 1) for s in sorted(steps)[-6:]]} if step_log and steps else {}
     return {"elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed, "total_tok_s": (in_tokens + out_tokens) / elapsed,
-            "requests_s": len(requests) / elapsed, "ttft": percentiles(ttft), "tpot": percentiles(tpot),
+            "requests_s": len(requests) / elapsed, "ttft": percentiles(ttft), "tpot": percentiles(tpot), **extra,
             "config": {k: getattr(cfg, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size",
                                                     "enable_prefix_cache", "async_scheduling")}}
 
 
-def run_transformers(model_name: str, requests, use_fla: bool, batch: int) -> dict:
+def run_transformers(model_name: str, requests, use_fla: bool, batch: int, timeout: float = 1500) -> dict:
     """transformers' generate on the same requests (random bf16 weights), `batch` at a time,
     left-padded, greedy, in a fresh process (fla importable or not there)."""
     path = tempfile.mktemp(suffix=".json")
@@ -121,8 +150,12 @@ for i in range(0, len(reqs), {batch}):
 torch.cuda.synchronize(); elapsed = time.perf_counter() - start
 print("RESULT", json.dumps({{"elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed, "batch": {batch}}}))
 """
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1500)
-    os.unlink(path)
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    finally:
+        os.unlink(path)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -140,6 +173,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--baseline", default="fla,torch", help="transformers baselines: fla, torch, or none")
     ap.add_argument("--baseline-batch", type=int, default=64, help="requests per transformers generate call")
+    ap.add_argument("--baseline-timeout", type=float, default=1500, help="seconds for each baseline process")
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
     ap.add_argument("--step-log", action="store_true", help="print per-step wall times (slowest steps)")
     ap.add_argument("--json", default=None)
@@ -152,14 +186,15 @@ def main() -> None:
         requests = workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, args.seed)
         result = {"model": args.model, "device": args.device, "num_prompts": args.num_prompts,
                   "input_len": args.input_len, "output_len": args.output_len, "range_ratio": args.range_ratio,
-                  "seed": args.seed,
-                  "ours": run_ours(model_dir, args.device, requests, json.loads(args.engine_args), args.step_log)}
-    if args.device == "cuda":
-        import torch
+                  "seed": args.seed}
+        if args.device == "cuda":  # the baselines first, in their own processes: the card is all theirs
+            import torch
 
-        result["device"] = torch.cuda.get_device_name(0)
-        for kind in [b for b in args.baseline.split(",") if b in ("fla", "torch")]:
-            result[f"transformers_{kind}"] = run_transformers(args.model, requests, kind == "fla", args.baseline_batch)
+            result["device"] = torch.cuda.get_device_name(0)
+            for kind in [b for b in args.baseline.split(",") if b in ("fla", "torch")]:
+                result[f"transformers_{kind}"] = run_transformers(args.model, requests, kind == "fla",
+                                                                  args.baseline_batch, args.baseline_timeout)
+        result["ours"] = run_ours(model_dir, args.device, requests, json.loads(args.engine_args), args.step_log)
     o = result["ours"]
     print(f"{args.num_prompts} requests, {args.input_len} in / {args.output_len} out: {o['elapsed_s']:.2f} s, "
           f"output {o['output_tok_s']:.0f} tok/s, total {o['total_tok_s']:.0f} tok/s, "

@@ -20,6 +20,14 @@ Index data goes in as device tensors (`state_slots`, `cu_seqlens`, ...): launche
 sync with the host, except for the index-range checks, which run on CPU tensors or with
 HYBRID_SERVE_KERNEL_CHECKS=1 (see _common.py). Triton kernels run on CUDA tensors, or on
 CPU tensors when TRITON_INTERPRET=1 is set before these modules are imported.
+
+No compiling while serving: Triton compiles a variant per value class of every integer
+argument (== 1, a multiple of 16, other) and per 16-byte alignment of every pointer, so a
+kernel taking a row count and a `cu_seqlens` view would meet new variants with each new
+batch. Arguments that change from step to step (row and token counts, per-row index
+tensors) are listed in each kernel's `do_not_specialize`: those kernels compile once per
+compile-time configuration, which the engine's warm-up runs before it reports ready.
+Strides and model sizes stay specialized (fixed per model).
 """
 from ._common import HAS_TRITON
 

@@ -42,7 +42,8 @@ def _softmax_step(q, k, v, qk_scale_log2, visible, m_i, l_i, acc, DOT_PREC: tl.c
     return m_new, l_i, acc
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["req_rows_ptr", "prefix_ptr", "cu_ptr", "cu_blocks_ptr", "batch"])
 def _extend_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, k_cache_ptr, v_cache_ptr, req_to_token_ptr, req_rows_ptr, prefix_ptr, cu_ptr,
     cu_blocks_ptr, batch, qk_scale_log2,

@@ -31,7 +31,8 @@ from .._common import (
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["req_rows_ptr", "prefix_ptr", "cu_ptr", "cu_blocks_ptr", "batch"])
 def _paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr,
     req_to_token_ptr, req_rows_ptr, prefix_ptr, cu_ptr, cu_blocks_ptr,
@@ -131,7 +132,8 @@ def _merge_splits_kernel(
     tl.store(o_ptr + t * stride_o_t + h * stride_o_h + offs_dv, out.to(o_ptr.dtype.element_ty), mask=mask_dv)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr"])
 def _store_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,

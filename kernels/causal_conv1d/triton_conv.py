@@ -29,7 +29,8 @@ from .._triton_common import varlen_row
 TOKEN_TILE = 64  # tokens per program when a launch is cut into tiles (long prefill rows)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr", "inter_rows", "inter_steps"])
 def _causal_conv1d_varlen_kernel(
     x_ptr, w_ptr, bias_ptr, states_ptr, slots_ptr, cu_ptr, y_ptr, inter_ptr,
     num_channels, num_slots, inter_rows, inter_steps,
@@ -81,7 +82,8 @@ def _causal_conv1d_varlen_kernel(
                       K, KW_PAD)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr"])
 def _conv_window_kernel(x_ptr, states_ptr, slots_ptr, cu_ptr, num_channels, num_slots, stride_x_t,
                         stride_s_n, stride_s_d, stride_s_k, K: tl.constexpr, KW_PAD: tl.constexpr,
                         BLOCK_D: tl.constexpr):

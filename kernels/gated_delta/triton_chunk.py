@@ -111,7 +111,8 @@ def _store_wy(Ti0, Ti1, Ti2, Ti3, x0, x1, x2, x3, dst_ptr, stride_t, head_off, t
              acc.to(dst_ptr.dtype.element_ty), mask=(rows < n)[:, None] & (offs_d < D)[None, :])
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["chunk_start_ptr", "chunk_len_ptr"])
 def _chunk_prepare_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, chunk_start_ptr, chunk_len_ptr,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t, stride_b_t,
@@ -176,7 +177,8 @@ def _chunk_prepare_kernel(
     _store_wy(T30, T31, T32, T33, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 48, n, V, BV, DOT_PRECISION)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "row_chunks_ptr", "chunk_start_ptr", "chunk_len_ptr", "chunk_ckpt_ptr"])
 def _chunk_state_kernel(
     k_ptr, v_ptr, g_ptr, w_ptr, vnew_ptr, h_ptr, states_ptr, slots_ptr, row_chunks_ptr,
     chunk_start_ptr, chunk_len_ptr, chunk_ckpt_ptr, num_slots,
@@ -228,7 +230,8 @@ def _chunk_state_kernel(
     tl.store(states_ptr + slot * stride_s_n + s_off, S.to(states_ptr.dtype.element_ty), mask=mask_kv & has_state)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["chunk_start_ptr", "chunk_len_ptr"])
 def _chunk_output_kernel(
     q_ptr, k_ptr, g_ptr, vnew_ptr, h_ptr, o_ptr, chunk_start_ptr, chunk_len_ptr, scale,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_g_t, stride_n_t, stride_n_h,

@@ -27,7 +27,8 @@ from .._common import (
 from .._triton_common import varlen_row
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr", "inter_rows", "inter_steps"])
 def _gated_delta_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, slots_ptr, cu_ptr, inter_ptr, a_log_ptr, dt_bias_ptr,
     scale, num_slots, inter_rows, inter_steps,

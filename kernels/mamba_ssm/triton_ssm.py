@@ -34,7 +34,8 @@ def _softplus(x):
     return tl.where(x > 20.0, x, log1p_u)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr", "inter_rows", "inter_steps"])
 def _selective_state_update_kernel(
     x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, d_ptr, dt_bias_ptr, y_ptr, states_ptr, slots_ptr, cu_ptr, inter_ptr,
     dt_min, dt_max, num_slots, inter_rows, inter_steps,

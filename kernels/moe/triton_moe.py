@@ -25,7 +25,8 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["num_tokens"])
 def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, stride_l,
                          TOP_K: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr, RENORMALIZE: tl.constexpr):
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
@@ -51,7 +52,8 @@ def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, st
             tl.store(w_ptr + rows * TOP_K + k, w / total, mask=row_ok)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["sorted_rows_ptr", "tile_expert_ptr", "num_assign"])
 def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, weights_ptr,
                      num_assign, num_experts, n_out, k_in, stride_a, stride_we, stride_wn, stride_out,
                      A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, RELU2: tl.constexpr, SCALE_ROWS: tl.constexpr,

@@ -29,7 +29,8 @@ def _silu(g):
     return g / (1.0 + tl.exp(-g))
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
     x_ptr, gate_ptr, w_ptr, y_ptr, num_rows, n_inner, eps,
     stride_x_o, stride_x_i, stride_g_o, stride_g_i, stride_y_o, stride_y_i, w_row_stride,
@@ -141,7 +142,8 @@ def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Te
     return _launch(x, gate, weight, eps, MODE_GATE_FIRST, out_dtype, out, group_size=group_size)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["num_rows"])
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, num_rows, eps, stride_x, stride_r,
                          D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BR]

@@ -46,7 +46,8 @@ def _rotate_heads(x_ptr, y_ptr, stride_x_h, stride_y_h, num_heads, cos, sin,
         tl.store(y_ptr + offs_h[:, None] * stride_y_h + offs_p[None, :], xp, mask=m_p)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["pos_ptr"])
 def _rotary_neox_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, inv_freq_ptr, num_q_heads, num_k_heads,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h,

@@ -22,7 +22,8 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["temp_ptr", "seeds_ptr", "offsets_ptr"])
 def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seeds_ptr, offsets_ptr, out_ptr, vocab, stride_l,
                           APPLY_TEMPERATURE: tl.constexpr, BLOCK_V: tl.constexpr):
     b = tl.program_id(0)

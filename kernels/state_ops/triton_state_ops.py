@@ -18,7 +18,8 @@ from .._common import (
 _BLOCK = 1024
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "steps_ptr", "scratch_rows", "num_steps"])
 def _commit_kernel(pool_ptr, scratch_ptr, slots_ptr, steps_ptr, num_features, num_slots, scratch_rows, num_steps,
                    stride_p_l, stride_p_n, stride_s_l, stride_s_b, stride_s_s, BLOCK: tl.constexpr):
     blk, b, layer = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
@@ -32,7 +33,8 @@ def _commit_kernel(pool_ptr, scratch_ptr, slots_ptr, steps_ptr, num_features, nu
     tl.store(pool_ptr + layer * stride_p_l + slot * stride_p_n + offs, val.to(pool_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["src_ptr", "dst_ptr"])
 def _copy_slots_kernel(pool_ptr, src_ptr, dst_ptr, num_features, num_slots, stride_p_l, stride_p_n,
                        BLOCK: tl.constexpr):
     blk, m, layer = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
