@@ -50,6 +50,16 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
         first = {"CPU": config.num_cpus_per_replica, **({"GPU": config.gpus_per_shard} if config.gpus_per_shard else {})}
         options = {"placement_group_bundles": [first] + [shard] * (config.tp - 1),
                    "placement_group_strategy": "STRICT_PACK"}
+    if config.router == "prefix":
+        from ray.serve.config import RequestRouterConfig
+
+        from .request_router import HybridRequestRouter
+
+        engine = config.engine_config()
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class=HybridRequestRouter, request_routing_stats_period_s=config.router_stats_period_s,
+            request_router_kwargs={"page_size": engine.page_size,
+                                   "checkpoint_interval": engine.state_checkpoint_interval})
     bounds = config.queue_bounds()  # past them: 503 + Retry-After (the replica's, or Serve's BackPressureError)
     server = LLMServer.options(num_replicas=config.replicas, ray_actor_options=rank0,
                                max_ongoing_requests=bounds["max_ongoing_requests"],

@@ -38,6 +38,10 @@ class AppConfig:
     api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     metrics_push_interval_s: float = 1.0
+    # placement across replicas: "pow2" (Serve's power of two choices) or "prefix" (routing/'s
+    # prefix- and checkpoint-aware policy, deploy/request_router.py)
+    router: str = "pow2"
+    router_stats_period_s: float = 1.0  # how often replicas report load and cache events to routers
 
     def __post_init__(self) -> None:
         for name in ("tp", "replicas", "max_body_bytes", *_QUEUE_BOUNDS):
@@ -48,6 +52,10 @@ class AppConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not self.num_cpus_per_replica >= 0:
             raise ValueError(f"num_cpus_per_replica must be >= 0, got {self.num_cpus_per_replica!r}")
+        if self.router not in ("pow2", "prefix"):
+            raise ValueError(f"router must be 'pow2' or 'prefix', got {self.router!r}")
+        if not self.router_stats_period_s > 0:
+            raise ValueError(f"router_stats_period_s must be > 0, got {self.router_stats_period_s!r}")
         if not self.metrics_push_interval_s > 0:
             raise ValueError(f"metrics_push_interval_s must be > 0, got {self.metrics_push_interval_s!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):

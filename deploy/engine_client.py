@@ -28,6 +28,9 @@ class EngineClient(Protocol):
     def load(self) -> LoadView:
         """The engine's load as of its last step (what admission decides from)."""
 
+    def take_cache_events(self) -> list:
+        """The prefix cache's events (mem_cache.CacheEvent) since the last call, for the router."""
+
     def check_health(self) -> None:
         """Raises if the engine can no longer serve."""
 

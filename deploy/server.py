@@ -23,6 +23,7 @@ from .config import AppConfig
 from .engine_client import EngineClient, EngineFactory, make_engine_client
 from .errors import GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
+from .request_router import EVENTS_KEY, CacheEventRing
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    session_id: str | None = None  # the request's `user` field: session affinity for the router
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,15 @@ class LLMServerImpl:
                                    max_waiting_tokens=bounds["max_waiting_tokens"])
         self.queue = FirstTokenQueue()
         self.ttft_avg_s: float | None = None  # moving average, from arrival here to the first delta
+        self.cache_events = CacheEventRing(config.engine_config().page_size)
+
+    def routing_stats(self) -> dict:
+        """What Serve hands the request router: the load admission sees, and the recent cache
+        events (`deploy/request_router.py`)."""
+        take = getattr(self.engine, "take_cache_events", None)
+        if take is not None:
+            self.cache_events.extend(take())
+        return {**self.engine.load().routing_stats(), EVENTS_KEY: self.cache_events.snapshot()}
 
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
@@ -134,10 +145,10 @@ class LLMServer:
     async def load(self) -> LoadView:
         return self.impl.engine.load()
 
-    def record_routing_stats(self) -> dict[str, int]:
+    def record_routing_stats(self) -> dict:
         """Serve asks each replica for this periodically and hands it to the request router
-        (its load as admission sees it: `LoadView.routing_stats`)."""
-        return self.impl.engine.load().routing_stats()
+        (its load as admission sees it, `LoadView.routing_stats`, and its cache events)."""
+        return self.impl.routing_stats()
 
     async def check_health(self) -> None:
         self.impl.check_health()

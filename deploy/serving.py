@@ -218,7 +218,7 @@ class OpenAIServing:
     # ----- running -----------------------------------------------------------------------
     async def _run(self, obj: str, rid: str, body: SamplingFields, prompts: list[list[int]],
                    params: list[SamplingParams], top_n: int | None):
-        jobs = await self._start(rid, prompts, params)
+        jobs = await self._start(rid, prompts, params, body.user)
         if body.stream:
             return self._stream(obj, rid, body, jobs, top_n)
         try:
@@ -226,11 +226,12 @@ class OpenAIServing:
         finally:
             await _close(jobs)
 
-    async def _start(self, rid: str, prompts: list[list[int]], params: list[SamplingParams]) -> list[_Job]:
+    async def _start(self, rid: str, prompts: list[list[int]], params: list[SamplingParams],
+                     session_id: str | None = None) -> list[_Job]:
         jobs: list[_Job] = []
         try:
             for i, (ids, p) in enumerate(zip(prompts, params)):
-                stream = self._generate(GenerateRequest(f"{rid}-{i}", ids, p))
+                stream = self._generate(GenerateRequest(f"{rid}-{i}", ids, p, session_id))
                 jobs.append(_Job(i, len(ids), stream))
                 first = await stream.__anext__()
                 if isinstance(first, GenerateError):

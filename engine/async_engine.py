@@ -118,6 +118,8 @@ class _Group:
             pass
 
 
+MAX_PENDING_CACHE_EVENTS = 4096  # a reader further behind gets one "reset" instead (and resyncs)
+
 _COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions",
              "invariant_violations")  # LLMEngine.stats()
 
@@ -143,6 +145,7 @@ class AsyncLLMEngine:
         self._seq_owner: dict[str, tuple[_Group, _Seq]] = {}  # engine thread only
         self._counters = engine_counters(engine)
         self._view: LoadView = engine.load_view()  # as of the last step, written by the engine thread
+        self._cache_events: list = []  # taken from the engine each step, handed out by take_cache_events
         self._stopping = False
         self._closed = False  # the engine thread has exited (set under the inbox lock)
         self._error: BaseException | None = None
@@ -368,7 +371,22 @@ class AsyncLLMEngine:
                     lp.decoded_token = self._tokenizer.decode([token_id])
         return entry
 
+    def take_cache_events(self) -> list:
+        """The prefix cache's events (mem_cache.CacheEvent) since the last call, from any thread."""
+        with self._inbox_lock:
+            events, self._cache_events = self._cache_events, []
+        return events
+
     def _update_gauges(self) -> None:
+        if hasattr(self.engine, "take_cache_events"):  # (engine thread: the cache is its own)
+            events = self.engine.take_cache_events()
+            if events:
+                with self._inbox_lock:
+                    self._cache_events.extend(events)
+                    if len(self._cache_events) > MAX_PENDING_CACHE_EVENTS:  # nobody reads: the reader resyncs
+                        from ..mem_cache import CacheEvent  # (the engine thread has torch loaded already)
+
+                        self._cache_events = [CacheEvent("reset")]
         stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
         self._view = view = self.engine.load_view()
         self.metrics.running.set(view.num_running)

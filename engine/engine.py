@@ -120,6 +120,10 @@ class LLMEngine:
         """Running and waiting sequences, free rows, slots and pages: what admission decides from."""
         return self.scheduler.load_view()
 
+    def take_cache_events(self) -> list:
+        """The prefix cache's events since the last call (mem_cache.CacheEvent), for the router."""
+        return self.cache.take_events()
+
     def stats(self) -> dict[str, float]:
         """Gauges and cumulative counters for metrics."""
         cache = self.cache.stats

@@ -110,6 +110,22 @@ class PrefixAwarePolicy:
         return r.queue_len <= max(self.imbalance_ratio * least_queue, least_queue + self.imbalance_min)
 
     def choose(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
+        """`rank`, then `record` the placement (when the caller places it where ranked)."""
+        placement = self.rank(request, replicas)
+        self.record(placement.replica_id, request)
+        return placement
+
+    def record(self, replica_id: str, request: RoutingRequest) -> None:
+        """The request went to `replica_id`: its blocks will be cached there, its session lives there."""
+        self.index.record_sent(replica_id, request.prompt_token_ids)
+        if request.session_id:
+            self.sessions.pop(request.session_id, None)
+            self.sessions[request.session_id] = replica_id
+            if len(self.sessions) > self.max_sessions:
+                self.sessions.pop(next(iter(self.sessions)))
+
+    def rank(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
+        """The best replica for `request` (nothing recorded)."""
         if not replicas:
             raise ValueError("no replica to choose from")
         least_queue = min(r.queue_len for r in replicas)
@@ -129,10 +145,4 @@ class PrefixAwarePolicy:
                     placement = Placement(self.fallback.choose(request, replicas).replica_id, "imbalance")
         if placement is None:
             placement = self.fallback.choose(request, replicas)
-        self.index.record_sent(placement.replica_id, request.prompt_token_ids)
-        if request.session_id:
-            self.sessions.pop(request.session_id, None)
-            self.sessions[request.session_id] = placement.replica_id
-            if len(self.sessions) > self.max_sessions:
-                self.sessions.pop(next(iter(self.sessions)))
         return placement

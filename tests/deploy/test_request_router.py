@@ -1,0 +1,64 @@
+"""deploy/request_router.py without a Serve cluster: the replica's event ring, the router
+applying events in order and resyncing when it missed some, ranking by prefix."""
+from types import SimpleNamespace
+
+from hybrid_serve.deploy.request_router import EVENTS_KEY, CacheEventRing, HybridRequestRouter
+from hybrid_serve.mem_cache import CacheEvent
+
+PS = 4
+
+
+def _router() -> HybridRequestRouter:
+    router = object.__new__(HybridRequestRouter)  # the Serve-side constructor needs a running controller
+    router.initialize_state(page_size=PS, checkpoint_interval=16, seed=0)
+    return router
+
+
+def _replica(name: str, stats: dict):
+    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=name), routing_stats=stats)
+
+
+def _pending(ids, user=None):
+    return SimpleNamespace(args=[SimpleNamespace(prompt_token_ids=ids, session_id=user)])
+
+
+def test_ring_numbers_events_and_keeps_the_last_ones():
+    ring = CacheEventRing(PS, capacity=3)
+    ring.extend([CacheEvent("checkpoint_taken", tuple(range(16)), 12), CacheEvent("reset")])
+    ring.extend([CacheEvent("kv_evicted", tuple(range(16)), 8)] * 3)
+    snap = ring.snapshot()
+    assert [seq for seq, _ in snap] == [3, 4, 5]
+    assert len(snap[0][1]["block_hashes"]) == 2  # blocks 2..3 of the evicted span
+
+
+def test_router_places_by_prefix_and_forgets_what_replicas_evicted():
+    import asyncio
+
+    router = _router()
+    prompt = list(range(40))
+    ring = CacheEventRing(PS)
+    a, b = _replica("a", {"num_free_state_slots": 4}), _replica("b", {"num_free_state_slots": 4, EVENTS_KEY: []})
+    first = asyncio.run(router.choose_replicas([a, b], _pending(prompt)))
+    chosen = first[0][0]
+    router.on_request_routed(_pending(prompt), chosen.replica_id, None)
+    again = asyncio.run(router.choose_replicas([a, b], _pending(prompt + [1, 2, 3])))
+    assert again[0] == [chosen] and again[1] == [b if chosen is a else a]
+    # the replica evicted the whole prefix: its events reach the router with its stats
+    ring.extend([CacheEvent("kv_evicted", tuple(prompt[:36]), 0)])
+    chosen.routing_stats = {"num_free_state_slots": 4, EVENTS_KEY: ring.snapshot()}
+    assert router.index.match(prompt + [1]) != {}
+    asyncio.run(router.choose_replicas([a, b], _pending(prompt + [1])))
+    assert router.index.match(prompt + [1]) == {}
+    assert router.decisions["prefix"] >= 1
+
+
+def test_router_resyncs_a_replica_whose_events_it_missed():
+    router = _router()
+    prompt = list(range(40))
+    router.index.record_sent("a", prompt)
+    router._apply_events("a", [(1, {"kind": "checkpoint_taken", "block_hashes": [1]})])
+    assert router.index.match(prompt) == {"a": 36}
+    router._apply_events("a", [(7, {"kind": "checkpoint_taken", "block_hashes": [2]})])  # 2..6 were missed
+    assert router.index.match(prompt) == {} and router.last_seq["a"] == 7
+    router._apply_events("a", [(7, {"kind": "reset"})])  # already seen: not applied again
+    assert router.last_seq["a"] == 7
