@@ -23,7 +23,7 @@ class RequestRowTable:
     def set_state_slot(self, req_row: int, state_slot: int) -> None:
         if not 0 < req_row <= self.num_rows:
             raise ValueError(f"request row {req_row} out of range 1..{self.num_rows}")
-        self.row_state_slot[req_row] = state_slot
+        self.row_state_slot[req_row : req_row + 1].fill_(state_slot)  # a scalar kernel argument: no host sync
 
     def set_kv_slots(self, req_row: int, start_pos: int, kv_slots: torch.Tensor | list[int]) -> None:
         if isinstance(kv_slots, torch.Tensor):

@@ -68,7 +68,7 @@ class StatePool:
         self.conv_states[:, state_slot].zero_()
         if self.ssm_states is not None:
             self.ssm_states[:, state_slot].zero_()
-        self.layout_tag[state_slot] = 0
+        self.layout_tag[state_slot : state_slot + 1].zero_()  # (`[i] = 0` would copy from the host and sync)
 
     def copy(self, src_state_slot: int, dst_state_slot: int) -> None:
         """dst <- src in every layer, conv and SSM, with the layout tag (copy-on-write, fork)."""
@@ -77,4 +77,4 @@ class StatePool:
         self.conv_states[:, dst_state_slot] = self.conv_states[:, src_state_slot]
         if self.ssm_states is not None:
             self.ssm_states[:, dst_state_slot] = self.ssm_states[:, src_state_slot]
-        self.layout_tag[dst_state_slot] = self.layout_tag[src_state_slot]
+        self.layout_tag[dst_state_slot : dst_state_slot + 1].copy_(self.layout_tag[src_state_slot : src_state_slot + 1])

@@ -52,13 +52,19 @@ class ModelRunner:
         return self.decode_graphs
 
     def warm_up(self, max_tokens: int) -> None:
-        """Compile the kernels of every eager step shape serving meets, before the engine says
-        ready (the decode graphs' shapes compile when they are captured): steps of padding
-        tokens (request row 0: KV slot 0 and state slot 0, the dummies) of 2, 8, ... up to
-        `max_tokens` tokens in one row, then mixed with decode rows."""
+        """Run every kind of eager step serving meets before the engine says ready (the decode
+        graphs' shapes run when they are captured): steps of padding tokens (request row 0:
+        KV slot 0 and state slot 0, the dummies) of 2 .. `max_tokens` tokens in one row (about
+        1.5x apart), the same mixed with decode rows, and short prompts side by side (2 .. 64
+        rows). The kernels compile once per compile-time configuration (no per-step values
+        are specialized: kernels/__init__.py); the spread of token and row counts also lets
+        cuBLAS load the GEMM kernels that the token counts (and the LM head's sampled rows)
+        select, and the allocator reach its working set."""
         limit = min(max_tokens, self.req_table.max_context)
-        lengths = sorted({n for n in (2, 8, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768) if n <= limit} | {limit})
+        powers = [1 << i for i in range(1, 16)]
+        lengths = sorted({n for n in powers + [3 * p for p in powers[2:]] if n <= limit} | {limit})
         shapes = [[n] for n in lengths] + [[n] + [1] * 15 for n in lengths if n + 15 <= limit]
+        shapes += [[40] * rows for rows in (2, 3, 5, 8, 12, 20, 30, 48, 64) if 40 * rows <= limit]
         shapes += [[64] * 6] if 6 * 64 <= limit else []  # several long rows: the Triton extend-attention kernel
         for extend_lens in tqdm(shapes, desc="Warm-up (kernel shapes)", unit="shape"):
             batch = len(extend_lens)
