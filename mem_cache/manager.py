@@ -83,15 +83,15 @@ class CacheManager:
         return self.pages.alloc(count) if self.pages.num_free >= count else None
 
     def _alloc_state_slot(self) -> int | None:
-        while self.state_slots.num_free == 0:
+        """A free state slot, evicting the least recently used unlocked checkpoint when none is
+        free; None when every checkpoint is on a running request's path. (Evicting KV leaves
+        would free no slot then: a leaf with a checkpoint is an unlocked checkpoint holder,
+        which `evict_state` takes first. It would only empty the cache and stall admission.)"""
+        if self.state_slots.num_free == 0:
             slots = self.tree.evict_state(1)
-            if slots:
-                self._free_tree_items([], slots)
-                continue
-            pages, slots = self.tree.evict_kv(1)  # a checkpoint on an unlocked leaf goes with its KV
-            if not pages:
+            if not slots:
                 return None
-            self._free_tree_items(pages, slots)
+            self._free_tree_items([], slots)
         return self.state_slots.alloc()[0]
 
     # ----- request lifecycle -----------------------------------------------------------

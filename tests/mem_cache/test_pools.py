@@ -120,3 +120,26 @@ def test_all_state_model_gets_kv_bookkeeping_for_every_request():
     setup = plan_pools(layout, 10_000_000, options)
     assert setup.num_kv_pages - 1 == 2 * 8 * 256 // 16
     assert setup.num_state_slots == 8 * (1 + 256 // 64 + 1)
+
+
+def test_no_free_state_slot_leaves_the_cached_kv_alone():
+    """Every checkpoint locked by running requests: a new request waits (None) and the
+    cached KV stays (evicting it would free no state slot)."""
+    cache = CacheManager(num_pages=17, page_size=4, num_state_slots=3, num_rows=4, max_context=32)
+    prompt = list(range(12))
+    a = cache.admit(prompt, 12)
+    assert cache.ensure_kv(a, 12)
+    assert cache.schedule_checkpoint(a, 8, copy_after_step=False) is not None
+    cache.commit_checkpoints(a, prompt)
+    b = cache.admit([50] * 6, 6)  # the third and last slot
+    assert cache.state_slots.num_free == 0 and cache.tree.num_pages == 2
+    assert cache.admit([60] * 6, 6) is None  # the only checkpoint is on a's path: nothing to evict
+    assert cache.tree.num_pages == 2 and cache.stats.evicted_pages == 0
+    cache.release(a)
+    c = cache.admit([60] * 6, 6)  # a's own slot
+    d = cache.admit([70] * 6, 6)  # the checkpoint is unlocked now: evicted for the slot, its KV kept
+    assert c is not None and d is not None
+    assert cache.stats.evicted_checkpoints == 1 and cache.tree.num_pages == 2
+    for alloc in (b, c, d):
+        cache.release(alloc)
+    cache.check_empty()
