@@ -378,15 +378,13 @@ class AsyncLLMEngine:
         return events
 
     def _update_gauges(self) -> None:
-        if hasattr(self.engine, "take_cache_events"):  # (engine thread: the cache is its own)
-            events = self.engine.take_cache_events()
-            if events:
-                with self._inbox_lock:
-                    self._cache_events.extend(events)
-                    if len(self._cache_events) > MAX_PENDING_CACHE_EVENTS:  # nobody reads: the reader resyncs
-                        from ..mem_cache import CacheEvent  # (the engine thread has torch loaded already)
+        events = self.engine.take_cache_events() if hasattr(self.engine, "take_cache_events") else None
+        if events:  # (engine thread: the cache is its own; torch is loaded here already)
+            from ..mem_cache import CacheEvent
 
-                        self._cache_events = [CacheEvent("reset")]
+            with self._inbox_lock:  # a reader this far behind gets one "reset" and resyncs
+                self._cache_events = self._cache_events + events if len(self._cache_events) + len(events) <= \
+                    MAX_PENDING_CACHE_EVENTS else [CacheEvent("reset")]
         stats = self.engine.stats() if hasattr(self.engine, "stats") else {}
         self._view = view = self.engine.load_view()
         self.metrics.running.set(view.num_running)
