@@ -1,10 +1,11 @@
 """Command line:
 
-    hybrid-serve generate "a prompt" [--model DIR] [--max-tokens N] [--temperature T]
-    hybrid-serve serve [--model DIR] [--tp N] [--replicas N] [--host 127.0.0.1] [--port 8000] [--address auto]
+    hybrid-serve generate "a prompt" [--model DIR|HUB_ID] [--max-tokens N] [--temperature T] [--chat]
+    hybrid-serve serve [--model DIR|HUB_ID] [-tp N] [--replicas N] [--host 127.0.0.1] [--port 8000] [--address auto]
 
 Without --model both run the built-in demo model (random weights, real tokenizer) on CPU.
 `serve` starts (or joins) a Ray cluster and serves the OpenAI API until SIGINT/SIGTERM.
+Both take the model and engine flags of `vllm serve` (`hybrid-serve serve --help`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import argparse
 import sys
 import time
 
+from .deploy.cli_args import HelpFormatter, add_model_arguments, engine_overrides
 from .deploy.launcher import add_serve_arguments
 
 
@@ -21,9 +23,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     try:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                seed=args.seed, stop=args.stop or None)
-        llm = LLM(model=args.model, device=args.device, dtype=args.dtype,
-                  **({"load_format": args.load_format} if args.load_format else {}))
+                                stop=args.stop or None)
+        llm = LLM(**llm_kwargs(args))
         start = time.perf_counter()
         if args.chat:
             out = llm.chat([{"role": "user", "content": args.prompt}], params)
@@ -40,23 +41,31 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def llm_kwargs(args: argparse.Namespace) -> dict:
+    """`LLM(...)`'s arguments from the `generate` flags (None: LLM's own default)."""
+    out = {"model": args.model, "tokenizer": args.tokenizer, "chat_template": args.chat_template,
+           "tp_size": args.tp, "device": args.device, "dtype": args.dtype, **engine_overrides(args)}
+    out.update({k: v for k, v in (("revision", args.revision), ("load_format", args.load_format),
+                                  ("seed", args.seed)) if v is not None})
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hybrid-serve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="hybrid-serve", description=__doc__, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate a completion offline")
+    gen = sub.add_parser("generate", help="generate a completion offline", formatter_class=HelpFormatter)
     gen.add_argument("prompt")
-    gen.add_argument("--model", default=None, help="Hugging Face model directory (default: built-in demo)")
-    gen.add_argument("--max-tokens", type=int, default=32)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
+    add_model_arguments(gen)
+    gen.add_argument("--tensor-parallel-size", "-tp", dest="tp", type=int, default=1,
+                     help="tensor-parallel shards (more than 1: Ray actors)")
+    gen.add_argument("--max-tokens", type=int, default=32, help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
-    gen.add_argument("--device", default="cpu")
-    gen.add_argument("--dtype", default="auto")
-    gen.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"])
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template (default: off)")
     gen.set_defaults(func=_generate)
-    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API on Ray Serve")
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API on Ray Serve",
+                         formatter_class=HelpFormatter)
     add_serve_arguments(srv)
     srv.set_defaults(func=_serve)
     return parser

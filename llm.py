@@ -1,7 +1,7 @@
 """The offline API (the shape vLLM users know)::
 
     from hybrid_serve import LLM, SamplingParams
-    llm = LLM(model="path/to/hf_dir", device="cpu", dtype="float32",
+    llm = LLM(model="path/to/hf_dir" or "Qwen/Qwen3.5-0.8B", device="cpu", dtype="float32",
               max_num_seqs=64, max_num_batched_tokens=512, chunked_prefill_size=64)
     outs = llm.generate(["a prompt", ...] or [[token ids], ...], SamplingParams(max_tokens=32, temperature=0.0))
     outs[i].outputs[0].token_ids, .text, .finish_reason   # "stop" | "length"
@@ -16,6 +16,7 @@ from typing import Sequence, Union
 
 from .engine.batch import BatchItem, run_batch
 from .engine.config import EngineConfig
+from .engine.model_files import resolve_model_path
 from .engine.outputs import RequestOutput
 from .engine.sampling_params import SamplingParams
 from .engine.tokenizer import load_tokenizer
@@ -25,20 +26,26 @@ PromptType = Union[str, Sequence[int]]
 
 
 class LLM:
-    """`tp_size` > 1 or `num_replicas` > 1 run the replicas as Ray actors (one per TP rank),
+    """`model` and `tokenizer`: local directories or Hugging Face Hub ids (downloaded, or found
+    in the local HF cache offline; `revision=` picks the model's branch, tag or commit).
+    `chat_template` (a file or inline Jinja) replaces the model's template in `chat`.
+    `tp_size` > 1 or `num_replicas` > 1 run the replicas as Ray actors (one per TP rank),
     starting a local Ray instance unless RAY_ADDRESS names a cluster; otherwise the engine
     runs in this process."""
 
     def __init__(self, model: str | None = None, tokenizer: str | None = None, tp_size: int = 1,
-                 num_replicas: int = 1, **engine_args) -> None:
+                 num_replicas: int = 1, chat_template: str | None = None, **engine_args) -> None:
         if model is None:
             from .demo import DEMO_DIR, DEMO_SEED
 
             model = DEMO_DIR
             engine_args.setdefault("load_format", "dummy")
             engine_args.setdefault("seed", DEMO_SEED)
+        weights = engine_args.get("load_format", "auto") != "dummy"
+        model = resolve_model_path(model, engine_args.get("revision"), weights=weights)
+        tokenizer = resolve_model_path(tokenizer, weights=False) if tokenizer is not None else None
         self.config = EngineConfig(model=model, tokenizer=tokenizer, **engine_args)
-        self.tokenizer = load_tokenizer(tokenizer or model)
+        self.tokenizer = load_tokenizer(tokenizer or model, chat_template=chat_template)
         self.engine = None
         self.replicas = None
         if tp_size == 1 and num_replicas == 1:

@@ -29,7 +29,7 @@ SHARPEN = 16.0
 def run(model_dir: str, dtype: str, prompts, kernels: str, cuda_graphs: bool = True):
     os.environ["HYBRID_SERVE_KERNELS"] = kernels
     llm = LLM(model=model_dir, device="cuda", dtype=dtype, load_format="dummy", max_num_seqs=64,
-              max_num_batched_tokens=4096, chunked_prefill_size=512, enable_prefix_cache=False,
+              max_num_batched_tokens=4096, chunked_prefill_size=512, enable_prefix_caching=False,
               enable_cuda_graphs=cuda_graphs, max_model_len=1024)
     llm.engine.model.lm_head.weight.data.mul_(SHARPEN)
     captured: dict[str, list[torch.Tensor]] = {}

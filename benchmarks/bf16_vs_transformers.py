@@ -60,7 +60,7 @@ def main() -> None:
         m32.save_pretrained(d)
         params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
         for name in ("float32", "bfloat16"):
-            llm = LLM(model=d, dtype=name, max_num_seqs=args.prompts, enable_prefix_cache=False)
+            llm = LLM(model=d, dtype=name, max_num_seqs=args.prompts, enable_prefix_caching=False)
             ours[name] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     for label, res in (("transformers", hf), ("hybrid-serve", ours)):
         p, t = agreement(res["float32"], res["bfloat16"])

@@ -127,7 +127,7 @@ def main() -> None:
         model_dir = write_model_dir("qwen3_5_2p3b", tmp)
         t = time.perf_counter()
         llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=64,
-                  max_num_batched_tokens=8192, chunked_prefill_size=2048, enable_prefix_cache=False,
+                  max_num_batched_tokens=8192, chunked_prefill_size=2048, enable_prefix_caching=False,
                   max_model_len=2048, enable_cuda_graphs=bool(args.graphs),
                   async_scheduling=bool(args.async_scheduling))
         print(f"engine start {time.perf_counter() - t:.1f} s", flush=True)

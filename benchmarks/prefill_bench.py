@@ -77,7 +77,7 @@ def ours(model_dir: str, lengths: list[int], engine_args: dict) -> dict:
     llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", **engine_args)
     cfg = llm.engine.hf_config
     res = {"engine_args": engine_args, "config": {k: getattr(llm.engine.config, k) for k in (
-        "max_num_batched_tokens", "chunked_prefill_size", "max_num_seqs", "enable_prefix_cache")}}
+        "max_num_batched_tokens", "chunked_prefill_size", "max_num_seqs", "enable_prefix_caching")}}
     for n in lengths:
         times = ttft_ms(llm, n, cfg.vocab_size)
         res[n] = {"ttft_ms": statistics.median(times), "runs_ms": times,
@@ -185,7 +185,7 @@ def main() -> None:
                   "ours": ours(model_dir, lengths, json.loads(args.engine_args))}
         if args.cache_compare and 8192 in lengths:
             result["ours_cache_off"] = ours(model_dir, [8192], {**json.loads(args.engine_args),
-                                                                "enable_prefix_cache": False})
+                                                                "enable_prefix_caching": False})
     for kind in [b for b in args.baseline.split(",") if b in ("fla", "torch")]:
         result[f"transformers_{kind}"] = transformers_forward(args.model, lengths, use_fla=kind == "fla")
     print(f"{'tokens':>7s} {'ours ms':>9s} {'TFLOP/s':>8s} {'% matmul':>9s} {'tf+fla ms':>10s} {'vs fla':>7s} "

@@ -82,7 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir("qwen3_5_2p3b", tmp)
         llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=64,
-                  max_num_batched_tokens=8192, chunked_prefill_size=2048, enable_prefix_cache=False,
+                  max_num_batched_tokens=8192, chunked_prefill_size=2048, enable_prefix_caching=False,
                   max_model_len=2048, enable_cuda_graphs=bool(args.graphs))
         engine = llm.engine
         start_decode_batch(engine, args.batch, args.prompt, 400, token_high=150000, seed=args.batch)

@@ -115,7 +115,7 @@ def run_ours(model_dir: str | None, device: str, requests, engine_args: dict, st
     return {"elapsed_s": elapsed, "output_tok_s": out_tokens / elapsed, "total_tok_s": (in_tokens + out_tokens) / elapsed,
             "requests_s": len(requests) / elapsed, "ttft": percentiles(ttft), "tpot": percentiles(tpot), **extra,
             "config": {k: getattr(cfg, k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size",
-                                                    "enable_prefix_cache", "async_scheduling")}}
+                                                    "enable_prefix_caching", "async_scheduling")}}
 
 
 def run_transformers(model_name: str, requests, use_fla: bool, batch: int, timeout: float = 1500) -> dict:

@@ -26,7 +26,7 @@ from hybrid_serve.engine.sampling_params import SamplingParams  # noqa: E402
 
 def run(model_dir, dtype, tp, prompts):
     config = EngineConfig(model=model_dir, device="cuda", dtype=dtype, load_format="dummy", max_num_seqs=32,
-                          enable_prefix_cache=False, max_model_len=1024, max_num_batched_tokens=4096,
+                          enable_prefix_caching=False, max_model_len=1024, max_num_batched_tokens=4096,
                           chunked_prefill_size=512)
     replicas = ReplicaSet(config, tp, 1)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=20)

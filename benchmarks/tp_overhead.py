@@ -29,7 +29,7 @@ def measure(model_dir: str, tp: int, batches: list[int], graphs: bool) -> dict:
     from hybrid_serve.engine.config import EngineConfig
 
     config = EngineConfig(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=64,
-                          enable_prefix_cache=False, max_model_len=2048, enable_cuda_graphs=graphs)
+                          enable_prefix_caching=False, max_model_len=2048, enable_cuda_graphs=graphs)
     t = time.perf_counter()
     replicas = ReplicaSet(config, tp, 1)
     startup_s = time.perf_counter() - t

@@ -23,17 +23,28 @@ YAML (`serve run deploy/serve.yaml`, or `serve deploy` to a running cluster)::
           engine_args: {max_num_seqs: 32}
 
 `args` are the fields of `AppConfig` (deploy/config.py); unknown keys are rejected.
+`autoscaling_config` (Serve's: min_replicas, max_replicas, target_ongoing_requests, ...)
+scales the engine replicas instead of a fixed `replicas`. Serve's access log (a line per
+request per hop) is off unless `enable_log_requests`; for the HTTP proxy's own lines pass
+`access_logging(...)` to `serve.start(logging_config=...)`, or set the YAML's top-level
+`logging_config: {enable_access_log: false}`.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from ray.serve import Application
+from ray.serve.schema import LoggingConfig
 
 from .config import AppConfig
 from .engine_client import check_supported
 from .ingress import OpenAIIngress
 from .server import LLMServer
+
+
+def access_logging(enabled: bool) -> LoggingConfig:
+    """Serve's logging config with its per-request access log on or off (nothing else changed)."""
+    return LoggingConfig(enable_access_log=enabled)
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:
@@ -61,7 +72,12 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             request_router_kwargs={"page_size": engine.page_size,
                                    "checkpoint_interval": engine.state_checkpoint_interval})
     bounds = config.queue_bounds()  # past them: 503 + Retry-After (the replica's, or Serve's BackPressureError)
-    server = LLMServer.options(num_replicas=config.replicas, ray_actor_options=rank0,
-                               max_ongoing_requests=bounds["max_ongoing_requests"],
-                               max_queued_requests=bounds["max_queued_requests"], **options)
-    return OpenAIIngress.bind(config, server.bind(config))
+    if config.autoscaling_config is not None:
+        options["autoscaling_config"] = config.autoscaling_config
+    else:
+        options["num_replicas"] = config.replicas
+    logging = access_logging(config.enable_log_requests)
+    server = LLMServer.options(ray_actor_options=rank0, max_ongoing_requests=bounds["max_ongoing_requests"],
+                               max_queued_requests=bounds["max_queued_requests"], logging_config=logging,
+                               **options)
+    return OpenAIIngress.options(logging_config=logging).bind(config, server.bind(config))

@@ -1,14 +1,21 @@
 """AppConfig: the Serve application's arguments (`build_app(args)`, the YAML's `args:`).
 
 Frozen and validated in `__post_init__`; `from_args` rejects unknown keys, so a typo in a
-YAML fails at deploy time with the list of known keys.
+YAML fails at deploy time with the list of known keys. `model` and `tokenizer` are local
+directories or Hugging Face Hub ids (`engine/model_files.py`): checked at construction
+(config and tokenizer files only), the weights fetched where a replica builds its engine.
+`api_key: ${NAME}` reads the key from the environment variable NAME.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..engine.model_files import resolve_model_path
+from ..engine.tokenizer import load_chat_template
 
 API_KEY_ENV = "HYBRID_SERVE_API_KEY"
 DEMO_MODEL_NAME = "demo"
@@ -16,9 +23,11 @@ DEMO_MODEL_NAME = "demo"
 
 @dataclass(frozen=True)
 class AppConfig:
-    model: str | None = None  # Hugging Face model directory; None: the built-in demo model
-    served_model_name: str | None = None  # default: the directory's name, or "demo"
-    tokenizer: str | None = None  # default: the model directory
+    model: str | None = None  # a Hugging Face model directory or Hub id; None: the built-in demo model
+    served_model_name: str | None = None  # default: the directory's name, the Hub id, or "demo"
+    tokenizer: str | None = None  # a directory or Hub id; default: the model's
+    revision: str | None = None  # Hub branch, tag or commit of `model` (default: main)
+    chat_template: str | None = None  # a file or inline Jinja replacing the model's; held as text once built
     tp: int = 1  # tensor-parallel shards per replica
     replicas: int = 1  # engine replicas (data parallel)
     device: str = "cpu"  # cpu | cuda
@@ -35,13 +44,15 @@ class AppConfig:
     max_waiting_tokens: int | None = None  # per replica, their prompt tokens; 8 x max_num_batched_tokens
     max_ongoing_requests: int | None = None  # Serve's per-replica calls; max_num_seqs + max_waiting_requests
     max_queued_requests: int | None = None  # at the ingress, for all replicas busy; max_waiting_requests
-    api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY
+    api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY; "${NAME}": from $NAME
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     metrics_push_interval_s: float = 1.0
     # placement across replicas: "pow2" (Serve's power of two choices) or "prefix" (routing/'s
     # prefix- and checkpoint-aware policy, deploy/request_router.py)
     router: str = "pow2"
     router_stats_period_s: float = 1.0  # how often replicas report load and cache events to routers
+    enable_log_requests: bool = False  # Ray Serve's access log lines (one per request per hop); prompts never
+    autoscaling_config: dict[str, Any] | None = None  # Serve autoscaling of the engine replicas, instead of `replicas`
 
     def __post_init__(self) -> None:
         for name in ("tp", "replicas", "max_body_bytes", *_QUEUE_BOUNDS):
@@ -60,13 +71,27 @@ class AppConfig:
             raise ValueError(f"metrics_push_interval_s must be > 0, got {self.metrics_push_interval_s!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
-        if self.model is not None and not os.path.isdir(self.model):
-            raise ValueError(f"model directory {self.model!r} does not exist")
+        self._check_sources()
+        if not isinstance(self.enable_log_requests, bool):
+            raise ValueError(f"enable_log_requests must be true or false, got {self.enable_log_requests!r}")
+        if self.autoscaling_config is not None:
+            _check_autoscaling(self.autoscaling_config, self.replicas)
         known = {f.name for f in dataclasses.fields(_engine_config_cls())}
-        owned = {"model", "tokenizer", "device", "dtype", "load_format", "seed"}
+        owned = {"model", "tokenizer", "revision", "device", "dtype", "load_format", "seed"}
         unknown = sorted(set(self.engine_args) - (known - owned))
         if unknown:
             raise ValueError(f"unknown engine_args {unknown}; known: {sorted(known - owned)}")
+
+    def _check_sources(self) -> None:
+        """Model and tokenizer exist (a directory, or a Hub id whose config files resolve, fetched
+        if need be); the chat template file is read into text and `${NAME}` keys from the environment,
+        so the replicas and the ingress get values that need nothing of the machine that built this."""
+        if self.model is not None:
+            resolve_model_path(self.model, self.revision, weights=False)
+        if self.tokenizer is not None:
+            resolve_model_path(self.tokenizer, weights=False)
+        object.__setattr__(self, "chat_template", load_chat_template(self.chat_template))
+        object.__setattr__(self, "api_key", _expand_env(self.api_key))
 
     @classmethod
     def from_args(cls, args: dict[str, Any] | None) -> "AppConfig":
@@ -85,6 +110,8 @@ class AppConfig:
             return self.served_model_name
         if self.model is None:
             return DEMO_MODEL_NAME
+        if not os.path.isdir(self.model):
+            return self.model  # a Hub id, as vLLM names it
         return os.path.basename(os.path.normpath(self.model))
 
     @property
@@ -93,17 +120,25 @@ class AppConfig:
             return self.num_gpus_per_shard
         return 1.0 if self.device.startswith("cuda") else 0.0
 
-    def engine_config(self):
-        """The EngineConfig of one replica's engine."""
+    def engine_config(self, weights: bool = True):
+        """The EngineConfig of one replica's engine. A Hub model is fetched here, into this
+        node's HF cache: its config and tokenizer files, and its weights if `weights` (and
+        load_format is not dummy)."""
         from ..demo import DEMO_DIR, DEMO_SEED
 
         demo = self.model is None
+        load_format = self.load_format or ("dummy" if demo else "auto")
+        if demo:
+            model = DEMO_DIR
+        else:
+            model = resolve_model_path(self.model, self.revision, weights=weights and load_format != "dummy")
         return _engine_config_cls()(
-            model=DEMO_DIR if demo else self.model,
-            tokenizer=self.tokenizer,
+            model=model,
+            tokenizer=None if self.tokenizer is None else resolve_model_path(self.tokenizer, weights=False),
+            revision=self.revision,
             device=self.device,
             dtype=self.dtype,
-            load_format=self.load_format or ("dummy" if demo else "auto"),
+            load_format=load_format,
             seed=self.seed if self.seed is not None else (DEMO_SEED if demo else 0),
             **self.engine_args,
         )
@@ -111,7 +146,7 @@ class AppConfig:
     def queue_bounds(self) -> dict[str, int]:
         """The admission bounds with their defaults resolved from the engine's max_num_seqs and
         max_num_batched_tokens (the device's defaults when not set)."""
-        engine = self.engine_config()
+        engine = self.engine_config(weights=False)
         waiting = self.max_waiting_requests or engine.max_num_seqs
         return {"max_waiting_requests": waiting,
                 "max_waiting_tokens": self.max_waiting_tokens or 8 * engine.max_num_batched_tokens,
@@ -119,15 +154,49 @@ class AppConfig:
                 "max_queued_requests": self.max_queued_requests or waiting}
 
     def tokenizer_path(self) -> str:
+        """The local directory of the tokenizer (its files fetched from the Hub if need be)."""
         from ..demo import DEMO_DIR
 
-        return self.tokenizer or self.model or DEMO_DIR
+        if self.tokenizer is not None:
+            return resolve_model_path(self.tokenizer, weights=False)
+        return DEMO_DIR if self.model is None else resolve_model_path(self.model, self.revision, weights=False)
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand_env(value: str | None) -> str | None:
+    """`${NAME}` -> $NAME (a YAML placeholder that keeps the secret out of the file)."""
+    if value is None:
+        return None
+    match = _ENV_REF.fullmatch(value.strip())
+    if match is None:
+        return value
+    name = match.group(1)
+    if not os.environ.get(name):
+        raise ValueError(f"api_key is {value!r} but ${name} is not set in the environment of the process that "
+                         f"builds the application (for `serve deploy`: the cluster's `ray start`)")
+    return os.environ[name]
+
+
+def _check_autoscaling(autoscaling: dict[str, Any], replicas: int) -> None:
+    """Serve's own validation of `autoscaling_config`, as a ValueError naming the problem."""
+    if replicas != 1:
+        raise ValueError(f"set replicas ({replicas}) or autoscaling_config (min_replicas/max_replicas), not both")
+    if not isinstance(autoscaling, dict):
+        raise ValueError(f"autoscaling_config must be a mapping of Serve's AutoscalingConfig, got {autoscaling!r}")
+    from ray.serve.config import AutoscalingConfig
+
+    try:
+        AutoscalingConfig(**autoscaling)
+    except Exception as exc:  # noqa: BLE001 - pydantic's ValidationError, TypeError
+        raise ValueError(f"autoscaling_config {autoscaling!r} is not Serve's AutoscalingConfig: {exc}") from exc
 
 
 _QUEUE_BOUNDS = ("max_waiting_requests", "max_waiting_tokens", "max_ongoing_requests", "max_queued_requests")
 
 
-def _engine_config_cls():
+def _engine_config_cls():  # EngineConfig, imported when needed
     from ..engine.config import EngineConfig
 
     return EngineConfig

@@ -1,10 +1,13 @@
 """`hybrid-serve serve`: start or join a Ray cluster, deploy the app, wait for a signal.
 
     hybrid-serve serve                        # demo model, a local Ray, http://127.0.0.1:8000/v1
+    hybrid-serve serve --model Qwen/Qwen3.5-0.8B --device cuda --max-num-seqs 128
     hybrid-serve serve --model DIR --replicas 2 --address auto   # join a running cluster
 
 It prints the URL once `/health` answers, and on SIGINT/SIGTERM deletes the application
-(and, if it started Ray itself, shuts Serve and Ray down) before exiting 0.
+(and, if it started Ray itself, shuts Serve and Ray down) before exiting 0. Exit code 2,
+with one paragraph naming the fix: a bad flag or model, or Ray refusing the connection
+(token authentication, version mismatch, no cluster at the address: `ray_connect.py`).
 """
 from __future__ import annotations
 
@@ -16,35 +19,40 @@ import time
 import urllib.error
 import urllib.request
 
+from .cli_args import add_model_arguments, engine_overrides
+
 APP_NAME = "hybrid-serve"
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="Hugging Face model directory (default: built-in demo)")
-    p.add_argument("--served-model-name", default=None, help="model id in the API (default: directory name)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel shards per replica")
-    p.add_argument("--replicas", type=int, default=1, help="engine replicas")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    add_model_arguments(p)
+    p.add_argument("--served-model-name", default=None,
+                   help="model id in the API (default: the directory's name, the Hub id, or 'demo')")
+    p.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, default=1,
+                   help="tensor-parallel shards per replica")
+    p.add_argument("--replicas", type=int, default=1, help="engine replicas (data parallel)")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host; 0.0.0.0 exposes the API (set --api-key then)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--address", default=None,
-                   help="Ray cluster: 'auto' or HOST:PORT to join, 'local' for a new one; default: "
-                        "$RAY_ADDRESS, else the cluster `ray start` started here, else a new local one")
+                   help="Ray cluster: 'auto' or HOST:PORT to join, 'local' for a new one (default: "
+                        "$RAY_ADDRESS, else the cluster `ray start` started here, else a new local one)")
     p.add_argument("--num-cpus", type=float, default=None, help="CPUs of a new local Ray (default: all)")
-    p.add_argument("--num-cpus-per-replica", type=float, default=1.0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' ($HYBRID_SERVE_API_KEY)")
+    p.add_argument("--num-cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per engine replica")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (default: $HYBRID_SERVE_API_KEY, else none)")
+    p.add_argument("--enable-log-requests", action="store_true",
+                   help="Ray Serve's access log, a line per request (method, route, status, latency; never the "
+                        "prompt) (default: off)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
 
 
 def app_args(args: argparse.Namespace) -> dict:
-    engine = {k: v for k, v in (("max_model_len", args.max_model_len), ("max_num_seqs", args.max_num_seqs))
-              if v is not None}
-    out = {"model": args.model, "served_model_name": args.served_model_name, "tp": args.tp,
-           "replicas": args.replicas, "device": args.device, "dtype": args.dtype,
-           "num_cpus_per_replica": args.num_cpus_per_replica, "engine_args": engine}
+    """AppConfig's fields (`build_app`'s args) from the parsed flags."""
+    out = {"model": args.model, "revision": args.revision, "tokenizer": args.tokenizer,
+           "chat_template": args.chat_template, "served_model_name": args.served_model_name, "tp": args.tp,
+           "replicas": args.replicas, "device": args.device, "dtype": args.dtype, "load_format": args.load_format,
+           "seed": args.seed, "num_cpus_per_replica": args.num_cpus_per_replica,
+           "enable_log_requests": args.enable_log_requests, "engine_args": engine_overrides(args)}
     if args.api_key:
         out["api_key"] = args.api_key
     return out
@@ -76,12 +84,14 @@ def serve_main(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from .app import build_app
+    from .app import access_logging, build_app
+    from .ray_connect import RayConnectError, connect_ray
 
-    init_kwargs = {"address": args.address}
-    if args.address is None and args.num_cpus is not None:
-        init_kwargs["num_cpus"] = args.num_cpus
-    ray.init(**init_kwargs)
+    try:
+        connect_ray(args.address, args.num_cpus)
+    except RayConnectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from ..cluster.placement import check_feasible
 
     try:  # more shards than the cluster's GPUs/CPUs: say so now, not a replica pending forever
@@ -95,7 +105,8 @@ def serve_main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     code = 0
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.start(http_options={"host": args.host, "port": args.port},
+                    logging_config=access_logging(config.enable_log_requests))  # the HTTP proxy's lines
         serve.run(build_app(app_args(args)), name=APP_NAME, route_prefix="/")
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         base = f"http://{host}:{args.port}"

@@ -20,8 +20,10 @@ DEVICE_DEFAULTS = {
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str
+    model: str  # a local model directory (LLM and AppConfig resolve Hub ids to one: engine/model_files.py)
     tokenizer: str | None = None  # defaults to the model directory
+    revision: str | None = None  # the Hub revision `model` was resolved at (branch, tag or commit)
+    trust_remote_code: bool = False  # let transformers run a model repository's own config code
     device: str = "cpu"
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     load_format: str = "auto"  # auto | safetensors | dummy
@@ -37,7 +39,7 @@ class EngineConfig:
     state_pool_fraction: float = 0.25  # share of the cache budget for state slots (capped at what can be used)
     num_kv_pages_override: int | None = None  # exact pool sizes instead of the budget split (tests, tuning)
     num_state_slots_override: int | None = None
-    enable_prefix_cache: bool = True  # radix prefix cache with state checkpoints
+    enable_prefix_caching: bool = True  # radix prefix cache with state checkpoints
     state_checkpoint_interval: int = 256  # tokens between state checkpoints (a multiple of page_size)
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
     enable_cuda_graphs: bool = True  # replay captured CUDA graphs for pure-decode steps (ignored on CPU)
@@ -82,6 +84,6 @@ class EngineConfig:
         return PoolOptions(page_size=self.page_size, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                            model_max_len=model_max_len, state_pool_fraction=self.state_pool_fraction,
                            state_checkpoint_interval=self.state_checkpoint_interval,
-                           enable_prefix_cache=self.enable_prefix_cache,
+                           enable_prefix_cache=self.enable_prefix_caching,
                            num_kv_pages_override=self.num_kv_pages_override,
                            num_state_slots_override=self.num_state_slots_override)

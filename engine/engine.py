@@ -67,7 +67,7 @@ class LLMEngine:
         self.runner = self.shard.runner
         self.limits = ModelLimits(self.pool_setup.max_model_len, int(self.hf_config.vocab_size))
         self.cache = CacheManager.from_setup(self.pool_setup, needs_state=layout.num_state_layers > 0,
-                                             enable_prefix_cache=config.enable_prefix_cache)
+                                             enable_prefix_cache=config.enable_prefix_caching)
         self.admission = Admission(self.pool_setup.num_req_rows)
         self.scheduler = Scheduler(config, self.cache, self.admission)
         self._seed_rng = random.Random(config.seed)

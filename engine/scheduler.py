@@ -128,7 +128,7 @@ class Scheduler:
             budget -= n
             view = replace(view, num_running=view.num_running + 1, num_waiting=view.num_waiting - 1,
                            num_free_req_rows=self.cache.rows.num_free)
-        if self.config.enable_prefix_cache:
+        if self.config.enable_prefix_caching:
             for chunk in plan:
                 self._schedule_checkpoints(chunk)
         return plan

@@ -1,6 +1,7 @@
 """A model directory's tokenizer and end-of-sequence ids, without torch.
 
     tokenizer = load_tokenizer("path/to/model")      # None when the directory has no tokenizer
+    tokenizer = load_tokenizer("org/name", chat_template="my_template.jinja")   # a Hub id, another template
     ids = tokenizer.encode("text", add_special_tokens=False)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
@@ -139,16 +140,40 @@ class Tokenizer:
         return self.encode(rendered[0], add_special_tokens=False) if tokenize else rendered[0]
 
 
-def load_tokenizer(path: str | None):
-    """The tokenizer of a model directory, or None when it has none. `Tokenizer` (no torch)
-    for a fast tokenizer; transformers' AutoTokenizer for a slow-only one."""
+def load_chat_template(template: str | None) -> str | None:
+    """A chat template given as a file path or as inline Jinja, as its text (None stays None)."""
+    if template is None:
+        return None
+    if not isinstance(template, str) or not template:
+        raise ValueError(f"chat_template must be a file path or a Jinja template, got {template!r}")
+    if os.path.isfile(template):
+        with open(template, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in template or "{%" in template:
+        return template
+    raise ValueError(f"chat_template {template!r} is neither a file nor a Jinja template (no '{{{{' or '{{%')")
+
+
+def load_tokenizer(path: str | None, chat_template: str | None = None):
+    """The tokenizer of a model directory or Hub id (`model_files.resolve_model_path`, config
+    and tokenizer files only), or None when it has none. `Tokenizer` (no torch) for a fast
+    tokenizer; transformers' AutoTokenizer for a slow-only one. `chat_template` (a file or
+    inline Jinja) replaces the model's template for every conversation this tokenizer renders."""
+    if path is not None and not os.path.isdir(path):
+        from .model_files import resolve_model_path
+
+        path = resolve_model_path(path, weights=False)
     if path is None or not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         return None
     if os.path.isfile(os.path.join(path, "tokenizer.json")):
-        return Tokenizer(path)
-    from transformers import AutoTokenizer
+        tokenizer = Tokenizer(path)
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        tokenizer.chat_template = load_chat_template(chat_template)
+    return tokenizer
 
 
 def eos_token_ids(model_dir: str, hf_config, tokenizer) -> set[int]:

@@ -22,14 +22,15 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
-def load_hf_config(model_dir: str):
-    """The transformers config of `model_dir`; the text config for multimodal wrappers."""
+def load_hf_config(model_dir: str, trust_remote_code: bool = False):
+    """The transformers config of `model_dir`; the text config for multimodal wrappers.
+    `trust_remote_code` lets transformers run the directory's own config code (off unless asked)."""
     from transformers import AutoConfig
 
     if not os.path.isdir(model_dir) or not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ValueError(f"{model_dir!r} is not a model directory (no config.json)")
     try:
-        config = AutoConfig.from_pretrained(model_dir)
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     except Exception as exc:  # unknown model_type, malformed JSON, ...
         raise ValueError(f"cannot read the config of {model_dir!r}: {exc}") from exc
     arch = resolve_architecture(config)
@@ -125,12 +126,12 @@ _TP_SPLIT_FIELDS = ("num_attention_heads", "num_key_value_heads", "linear_num_ke
                     "mamba_num_heads", "n_groups", "intermediate_size")
 
 
-def check_tp_size(model_dir: str, tp_size: int) -> None:
+def check_tp_size(model_dir: str, tp_size: int, trust_remote_code: bool = False) -> None:
     """Raise ValueError (naming the numbers) if tp_size does not divide the model's heads,
     experts or vocabulary shards; builds the model on the meta device, nothing is loaded."""
     if not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_size must be an integer >= 1, got {tp_size!r}")
-    hf_config = load_hf_config(model_dir)
+    hf_config = load_hf_config(model_dir, trust_remote_code)
     for attr in _TP_SPLIT_FIELDS:
         value = getattr(hf_config, attr, None)
         if attr == "num_key_value_heads" and isinstance(value, int) and value and tp_size % value == 0:
@@ -149,9 +150,10 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     progress: bool = True,
+    trust_remote_code: bool = False,
 ):
     """Returns (model, hf_config, torch dtype). Raises ValueError naming any missing tensor."""
-    hf_config = load_hf_config(model_dir)
+    hf_config = load_hf_config(model_dir, trust_remote_code)
     torch_dtype = resolve_dtype(dtype, hf_config)
     cls = model_class(resolve_architecture(hf_config))
     prev = torch.get_default_dtype()

@@ -109,3 +109,99 @@ def test_build_app_from_serve_yaml():
     assert isinstance(build_app({**args, "tp": 2}), Application)  # the demo's 4 heads split in 2
     with pytest.raises(ValueError, match="tp_size=3 does not divide"):
         build_app({**args, "tp": 3})
+
+
+# ----- honest YAMLs: a key wherever the API is exposed, autoscaling where promised, torch pinned, quiet logs
+
+def _serve_yaml_of(ray_up: dict) -> str:
+    """The Serve YAML a `ray up` config deploys (`serve deploy ~/hybrid-serve/src/<it>`)."""
+    head = "\n".join(ray_up["head_start_ray_commands"])
+    return head.split("serve deploy ~/hybrid-serve/src/")[1].split()[0]
+
+
+@pytest.mark.parametrize("rel", SERVE)
+def test_exposed_api_has_an_api_key(rel, monkeypatch):
+    from hybrid_serve.deploy.config import AppConfig
+
+    config = _yaml(rel)
+    if config["http_options"]["host"] not in ("0.0.0.0", "::"):
+        return
+    for app in config["applications"]:
+        key = app["args"].get("api_key")
+        assert key, f"{rel} binds {config['http_options']['host']} without an api_key"
+        env = key[2:-1] if key.startswith("${") else None
+        if env:  # a placeholder read from the environment: every `ray start` that can build the app exports it
+            for cluster in RAY_UP:
+                ray_up = _yaml(cluster)
+                if _serve_yaml_of(ray_up) == rel:
+                    starts = [c for c in ray_up["head_start_ray_commands"] + ray_up["worker_start_ray_commands"]
+                              if "ray start" in c]
+                    assert starts and all(f"export {env}=" in c for c in starts), cluster
+            monkeypatch.setenv(env, "s3cret")
+            args = {**app["args"], "model": None, "device": "cpu", "dtype": "auto"}
+            assert AppConfig.from_args(args).api_key == "s3cret"
+            monkeypatch.delenv(env)
+            with pytest.raises(ValueError, match=f"\\${env} is not set"):
+                AppConfig.from_args(args)
+
+
+@pytest.mark.parametrize("rel", RAY_UP)
+def test_autoscaled_workers_have_serve_autoscaling(rel, monkeypatch):
+    """Where the cluster autoscales GPU workers (min < max), the engine deployment autoscales
+    over the same range (one GPU replica per worker), and build_app passes it to Serve."""
+    from hybrid_serve.deploy.app import build_app
+
+    ray_up = _yaml(rel)
+    served = _yaml(_serve_yaml_of(ray_up))
+    scaled = [t for t in ray_up.get("available_node_types", {}).values()
+              if "min_workers" in t and t.get("max_workers", 0) > t["min_workers"]]
+    if not scaled:  # fixed machines: nothing promised
+        return
+    (workers,) = scaled
+    for app in served["applications"]:
+        autoscaling = app["args"].get("autoscaling_config")
+        assert autoscaling, f"{rel} autoscales workers but {_serve_yaml_of(ray_up)} has fixed replicas"
+        assert (autoscaling["min_replicas"], autoscaling["max_replicas"]) == (workers["min_workers"],
+                                                                                workers["max_workers"])
+        monkeypatch.setenv("HYBRID_SERVE_API_KEY", "k")
+        args = {**app["args"], "model": None, "device": "cpu", "dtype": "auto"}
+        engine = build_app(args)._bound_deployment.init_args[1]._bound_deployment
+        scaling = engine._deployment_config.autoscaling_config
+        assert (scaling.min_replicas, scaling.max_replicas) == (autoscaling["min_replicas"],
+                                                                autoscaling["max_replicas"])
+
+
+def test_autoscaling_config_is_validated():
+    from hybrid_serve.deploy.config import AppConfig
+
+    with pytest.raises(ValueError, match="not both"):
+        AppConfig(replicas=2, autoscaling_config={"min_replicas": 1, "max_replicas": 2})
+    with pytest.raises(ValueError, match="max_replicas"):
+        AppConfig(autoscaling_config={"min_replicas": 3, "max_replicas": 2})
+
+
+@pytest.mark.parametrize("rel", RAY_UP)
+def test_torch_pinned_as_in_readme(rel):
+    import re
+
+    with open(os.path.join(REPO, "README.md")) as f:
+        (pin,) = set(re.findall(r"torch==[\w.+]+", f.read()))
+    setup = "\n".join(_yaml(rel)["setup_commands"])
+    assert re.findall(r"torch(?:[=<>~!]=?[\w.+]+)?(?=\s|$|')", setup) == [pin], setup
+
+
+@pytest.mark.parametrize("rel", SERVE)
+def test_access_logs_off_in_serve_yamls(rel):
+    config = _yaml(rel)
+    assert config["logging_config"]["enable_access_log"] is False
+    assert all(not app["args"].get("enable_log_requests", False) for app in config["applications"])
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_build_app_sets_access_logging_on_both_deployments(enabled):
+    from hybrid_serve.deploy.app import build_app
+
+    ingress = build_app({"enable_log_requests": enabled} if enabled else {})._bound_deployment
+    engine = ingress.init_args[1]._bound_deployment
+    for deployment in (ingress, engine):
+        assert deployment._deployment_config.logging_config["enable_access_log"] is enabled

@@ -25,11 +25,12 @@ def wait_http(url: str, timeout_s: float = 120.0) -> None:
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s")
 
 
-def serve_cli_round_trip(command: list[str], log_path, cwd: str | None = None, api_key: str = "cli-key") -> str:
-    """Run `hybrid-serve serve` (`command` up to and including "serve") as a user does: a new
-    local Ray, the demo model, the API key from the environment. Waits for the printed URL,
-    checks /v1/models, one completion and a refused key, then SIGINT: exit code 0 and the
-    port closed. Returns the banner line."""
+def serve_cli_round_trip(command: list[str], log_path, cwd: str | None = None, api_key: str = "cli-key",
+                         extra_args: tuple[str, ...] = ()) -> str:
+    """Run `hybrid-serve serve` (`command` up to and including "serve", then `extra_args`) as a
+    user does: a new local Ray, the demo model, the API key from the environment. Waits for the
+    printed URL, checks /v1/models, one completion and a refused key, then SIGINT: exit code 0
+    and the port closed. Returns the banner line."""
     import os
     import queue
     import signal
@@ -40,7 +41,7 @@ def serve_cli_round_trip(command: list[str], log_path, cwd: str | None = None, a
 
     port = free_port()
     cmd = command + ["--address", "local", "--num-cpus", "2", "--port", str(port), "--num-cpus-per-replica", "0.5",
-                     "--max-model-len", "128"]
+                     "--max-model-len", "128", *extra_args]
     env = {**os.environ, "HYBRID_SERVE_API_KEY": api_key}
     lines: queue.Queue = queue.Queue()
     with open(log_path, "w") as stderr:

@@ -39,8 +39,8 @@ def test_multi_turn_tokens_identical_with_cache_on_and_off(family, chunk, refere
     model_dir, ref = reference_models(family)
     kwargs = dict(model=model_dir, dtype="float32", max_num_seqs=4, max_num_batched_tokens=96,
                   chunked_prefill_size=chunk, page_size=PAGE, state_checkpoint_interval=INTERVAL)
-    cached = LLM(enable_prefix_cache=True, **kwargs)
-    plain = LLM(enable_prefix_cache=False, **kwargs)
+    cached = LLM(enable_prefix_caching=True, **kwargs)
+    plain = LLM(enable_prefix_caching=False, **kwargs)
     tokens_on, hits, reusable = _run_multi_turn(cached, ref.config.vocab_size)
     tokens_off, _, _ = _run_multi_turn(plain, ref.config.vocab_size)
     assert tokens_on == tokens_off
@@ -71,7 +71,7 @@ def test_memory_pressure_preempts_and_finishes_everything(family, reference_mode
     prompts = [torch.randint(0, ref.config.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(10, 60, (32,), generator=gen)]
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    roomy = LLM(model=model_dir, dtype="float32", max_num_seqs=32, page_size=PAGE, enable_prefix_cache=False)
+    roomy = LLM(model=model_dir, dtype="float32", max_num_seqs=32, page_size=PAGE, enable_prefix_caching=False)
     want = [o.outputs[0].token_ids for o in roomy.generate(prompts, params)]
     # pools for about 4 requests of ~60 tokens: 4 * 10 pages of 8 tokens (+ the reserved page)
     tight = LLM(model=model_dir, dtype="float32", max_num_seqs=32, page_size=PAGE, max_model_len=96,
@@ -129,6 +129,6 @@ def test_checkpoints_inside_one_step_are_written_by_the_kernels(family, kernels,
     other = prompt[:shared] + torch.randint(0, ref.config.vocab_size, (30,), generator=gen).tolist()
     hit = llm.generate([other], params)[0]
     assert hit.num_cached_tokens == shared // INTERVAL * INTERVAL
-    cold = LLM(enable_prefix_cache=False, **kwargs).generate([other], params)[0]
+    cold = LLM(enable_prefix_caching=False, **kwargs).generate([other], params)[0]
     assert hit.outputs[0].token_ids == cold.outputs[0].token_ids
     llm.engine.cache.check_empty()
