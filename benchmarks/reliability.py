@@ -520,6 +520,8 @@ def _reason(body: str) -> str:
         return "replica first-token queue full (tokens)"
     if "ingress queue is full" in body:
         return "ingress queue full (Serve max_queued_requests)"
+    if "in flight at this ingress" in body:
+        return "ingress in-flight bound (before any work)"
     return body[:80] or "?"
 
 

@@ -80,4 +80,7 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     server = LLMServer.options(ray_actor_options=rank0, max_ongoing_requests=bounds["max_ongoing_requests"],
                                max_queued_requests=bounds["max_queued_requests"], logging_config=logging,
                                **options)
-    return OpenAIIngress.options(logging_config=logging).bind(config, server.bind(config))
+    # the ingress answers 503 itself past max_ingress_requests generation requests in flight;
+    # Serve's cap on its calls is above that, so that the proxy never queues ahead of it
+    ingress = OpenAIIngress.options(logging_config=logging, max_ongoing_requests=bounds["ingress_max_ongoing_requests"])
+    return ingress.bind(config, server.bind(config))

@@ -40,10 +40,12 @@ class AppConfig:
     torch_num_threads: int | None = None  # default: num_cpus_per_replica (at least 1)
     # Admission (engine/admission.py): beyond these bounds a request gets 503 + Retry-After at once
     # instead of waiting without limit. Defaults (None) keep the wait to about one batch's turn:
-    max_waiting_requests: int | None = None  # per replica, requests without a first token yet; max_num_seqs
-    max_waiting_tokens: int | None = None  # per replica, their prompt tokens; 8 x max_num_batched_tokens
+    max_waiting_requests: int | None = None  # per replica, requests without a first token beyond the rows
+    #                                          answered requests leave free; max_num_seqs
+    max_waiting_tokens: int | None = None  # per replica, prompt tokens without a first token; 8 x batched tokens
     max_ongoing_requests: int | None = None  # Serve's per-replica calls; max_num_seqs + max_waiting_requests
     max_queued_requests: int | None = None  # at the ingress, for all replicas busy; max_waiting_requests
+    # (the ingress refuses past max_replicas x max_ongoing_requests + max_queued_requests in flight)
     api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY; "${NAME}": from $NAME
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
     metrics_push_interval_s: float = 1.0
@@ -143,15 +145,32 @@ class AppConfig:
             **self.engine_args,
         )
 
+    @property
+    def max_replicas(self) -> int:
+        """Engine replicas at most: `replicas`, or the autoscaling config's max_replicas."""
+        if self.autoscaling_config is not None:
+            return int(self.autoscaling_config.get("max_replicas", 1))
+        return self.replicas
+
     def queue_bounds(self) -> dict[str, int]:
         """The admission bounds with their defaults resolved from the engine's max_num_seqs and
-        max_num_batched_tokens (the device's defaults when not set)."""
+        max_num_batched_tokens (the device's defaults when not set), and the ingress's bound
+        derived from them: `max_ingress_requests` generation requests in flight at one ingress
+        (max_replicas x max_ongoing_requests + max_queued_requests: all Serve can place or
+        queue; past it 503 before any work), and the ingress deployment's own Serve
+        max_ongoing_requests (twice that + 32, room for the 503s being answered and for
+        /health, /metrics, /v1/models: Serve's proxy never queues ahead of the ingress)."""
         engine = self.engine_config(weights=False)
         waiting = self.max_waiting_requests or engine.max_num_seqs
+        ongoing = self.max_ongoing_requests or engine.max_num_seqs + waiting
+        queued = self.max_queued_requests or waiting
+        ingress = self.max_replicas * ongoing + queued
         return {"max_waiting_requests": waiting,
                 "max_waiting_tokens": self.max_waiting_tokens or 8 * engine.max_num_batched_tokens,
-                "max_ongoing_requests": self.max_ongoing_requests or engine.max_num_seqs + waiting,
-                "max_queued_requests": self.max_queued_requests or waiting}
+                "max_ongoing_requests": ongoing,
+                "max_queued_requests": queued,
+                "max_ingress_requests": ingress,
+                "ingress_max_ongoing_requests": 2 * ingress + 32}
 
     def tokenizer_path(self) -> str:
         """The local directory of the tokenizer (its files fetched from the Hub if need be)."""

@@ -63,6 +63,7 @@ def retry_after_from(seconds: float | None) -> int:
 
 
 REPLICA_FAILED = "replica_failed"
+OVERLOADED = "overloaded"
 
 
 def replica_failed(message: str) -> APIError:
@@ -78,17 +79,19 @@ def internal(message: str) -> APIError:
 @dataclass
 class GenerateError:
     """A replica's refusal, sent as the first item of its stream instead of raising (so the
-    ingress does not have to unwrap Ray exceptions): status, message, param, code."""
+    ingress does not have to unwrap Ray exceptions): status, message, param, code, and the
+    replica that refused (set on a replica's own overload refusals: the ingress tries another)."""
 
     status_code: int
     message: str
     param: str | None = None
     code: str | None = None
     retry_after_s: int | None = None
+    replica: str | None = None
 
     def to_api_error(self) -> APIError:
         if self.status_code == 503:
-            return unavailable(self.message, self.code or "overloaded", self.retry_after_s)
+            return unavailable(self.message, self.code or OVERLOADED, self.retry_after_s)
         if self.status_code == 413:
             return too_large(self.message, self.param, self.code or "context_length_exceeded")
         return APIError(self.status_code, self.message, "invalid_request_error", self.param, self.code)

@@ -3,7 +3,8 @@
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics (the whole application's hybrid_serve_* metrics), GET /openapi.json (needs the
 API key when one is set; /docs and /redoc are served only without one). `create_app` needs no Ray,
-so tests can drive it with a `LocalBackend`.
+so tests can drive it with a `LocalBackend`. Past the ingress's bound on generation requests
+in flight (`InFlightLimit`) a request gets 503 + Retry-After before any work is done for it.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import metrics
 from ..engine.tokenizer import load_tokenizer
 from .config import AppConfig
-from .errors import (REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large, unauthorized,
-                     unavailable)
+from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large,
+                     unauthorized, unavailable)
 from .metrics_hub import MetricsPusher, get_hub
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList, UnsupportedField
 from .server import GenerateRequest
@@ -95,6 +96,29 @@ class CountRequests:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+class InFlightLimit:
+    """ASGI middleware: the ingress's own bound (`OpenAIServing.try_enter`). A generation
+    request (POST /v1/completions, /v1/chat/completions) counts from its arrival until its
+    response has been sent (a stream to its end, or the client gone); past the bound it gets
+    503 + Retry-After at once, before its body is read, parsed or tokenized."""
+
+    ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+    def __init__(self, app, serving: OpenAIServing) -> None:
+        self.app, self.serving = app, serving
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in self.ROUTES:
+            return await self.app(scope, receive, send)
+        refusal = self.serving.try_enter()
+        if refusal is not None:
+            return await _error_response(refusal)(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.serving.leave()
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -183,6 +207,7 @@ def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = No
         body = await metrics_source() if metrics_source else metrics.render([metrics.snapshot()])
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
+    app.add_middleware(InFlightLimit, serving=serving)  # inside CountRequests: its 503s are counted
     if serving.metrics is not None:
         app.add_middleware(CountRequests, ingress_metrics=serving.metrics)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
@@ -223,7 +248,7 @@ class ServeBackend:
                 yield item
         except BackPressureError as exc:
             yield GenerateError(503, f"every replica is busy and the ingress queue is full "
-                                     f"({exc.args[0] if exc.args else '?'} queued); retry later", code="overloaded")
+                                     f"({exc.args[0] if exc.args else '?'} queued); retry later", code=OVERLOADED)
         except Exception as exc:
             if not _is_unavailable(exc):
                 raise

@@ -21,7 +21,7 @@ from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta
 from ..engine.sampling_params import SamplingParams
 from .config import AppConfig
 from .engine_client import EngineClient, EngineFactory, make_engine_client
-from .errors import GenerateError, retry_after_from
+from .errors import OVERLOADED, GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
 from .request_router import EVENTS_KEY, CacheEventRing
 
@@ -48,9 +48,12 @@ class LLMServerImpl:
     """The replica's logic without Serve (tests build it with a fake engine factory).
 
     Admission: a request joins the replica's `FirstTokenQueue` at arrival and leaves it with
-    its first token (or its end); past `max_waiting_requests` requests or `max_waiting_tokens`
-    prompt tokens in it, a new one is refused at once with 503 and a Retry-After of about
-    how long the queue now takes to reach a first token (a moving average)."""
+    its first token (or its end); from its first token to its end it is counted in
+    `num_answered` (it holds a batch row). Past `max_waiting_requests` + the rows answered
+    requests leave free (max_num_seqs - num_answered) requests in the queue, or
+    `max_waiting_tokens` prompt tokens, a new one is refused at once with 503 ("overloaded",
+    which the ingress tries on another replica) and a Retry-After of about how long the queue
+    now takes to reach a first token (a moving average)."""
 
     TTFT_SMOOTHING = 0.2  # weight of the newest time-to-first-token in the average
 
@@ -63,6 +66,7 @@ class LLMServerImpl:
         self.admission = Admission(load.max_num_seqs, max_waiting=bounds["max_waiting_requests"],
                                    max_waiting_tokens=bounds["max_waiting_tokens"])
         self.queue = FirstTokenQueue()
+        self.num_answered = 0  # requests past their first token, not yet ended
         self.ttft_avg_s: float | None = None  # moving average, from arrival here to the first delta
         self.cache_events = CacheEventRing(config.engine_config().page_size)
 
@@ -87,17 +91,18 @@ class LLMServerImpl:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
         """The request was validated by the ingress; this asks admission whether to take it."""
         num_tokens = len(request.prompt_token_ids)
-        verdict = self.admission.on_arrival(self.engine.load(), self.queue, num_tokens)
+        verdict = self.admission.on_arrival(self.engine.load(), self.queue, num_tokens,
+                                            num_answered=self.num_answered)
         if verdict.decision == "reject":
             yield GenerateError(503, f"replica {self.replica} is overloaded ({verdict.reason}); retry later",
-                                code="overloaded", retry_after_s=self.retry_after_s())
+                                code=OVERLOADED, retry_after_s=self.retry_after_s(), replica=self.replica)
             return
         try:
             self.engine.check_health()
         except EngineDeadError as exc:
             yield GenerateError(503, str(exc), code="engine_dead")
             return
-        arrived, waiting = time.monotonic(), True
+        arrived, answered = time.monotonic(), False
         self.queue.enter(num_tokens)
         try:
             yield Started(self.replica)
@@ -105,15 +110,18 @@ class LLMServerImpl:
                                           validated=True)
             try:
                 async for delta in stream:
-                    if waiting:
-                        waiting = False
+                    if not answered:
+                        answered = True
                         self.queue.leave(num_tokens)
+                        self.num_answered += 1
                         self._first_token(time.monotonic() - arrived)
                     yield delta
             finally:
                 await stream.aclose()
-        finally:
-            if waiting:
+        finally:  # finished, aborted (the caller closed the stream) or failed
+            if answered:
+                self.num_answered -= 1
+            else:
                 self.queue.leave(num_tokens)
 
     def check_health(self) -> None:

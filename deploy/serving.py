@@ -22,7 +22,7 @@ from ..engine.validation import ContextLengthError, PromptError, validate_prompt
 from ..metrics import IngressMetrics
 from . import responses as R
 from .config import AppConfig
-from .errors import (REPLICA_FAILED, APIError, GenerateError, bad_request, internal, model_not_found,
+from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, bad_request, internal, model_not_found,
                      retry_after_from, unavailable)
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .server import GenerateRequest, LLMServerImpl, Started
@@ -33,9 +33,9 @@ GREEDY_EPS = 1e-5  # temperatures below this sample greedily (as vLLM)
 MIN_TOP_P = 1e-6  # smaller top_p (e.g. 5e-324) rounds to 0 in fp32 and would mask every token
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 ROUTING_POLICY = "serve_pow2"
-REPLICA_ATTEMPTS = 4  # tries of one request on replicas that fail before its first token
+REPLICA_ATTEMPTS = 4  # tries of one request on replicas that fail or refuse it before its first token
 REPLICA_RETRY_WINDOW_S = 30.0  # ... all within this long (Serve drops a dead replica within seconds)
-REPLICA_RETRY_BACKOFF_S = 0.25  # times the attempt number, between tries
+REPLICA_RETRY_BACKOFF_S = 0.25  # times the attempt number, between tries after a failure (none after a refusal)
 
 
 class Backend(Protocol):
@@ -82,6 +82,27 @@ class OpenAIServing:
         self._info: ModelInfo | None = None
         self.created = int(time.time())
         self.ttft_avg_s: float | None = None
+        bounds = config.queue_bounds()
+        self.max_in_flight = bounds["max_ingress_requests"]
+        self.in_flight = 0  # generation requests (HTTP) between arrival and their response's end
+
+    # ----- the ingress's own bound --------------------------------------------------------
+    def try_enter(self) -> APIError | None:
+        """A generation request arrives at this ingress: None if it may go on (then `leave()`
+        when its response has ended), or the 503 to answer at once, before any work (parsing,
+        tokenizing, a replica call), when `max_in_flight` are already in flight here: all that
+        the replicas and Serve's queue could take (max_replicas x max_ongoing_requests +
+        max_queued_requests), so waiting here would only add queue time in front of admission."""
+        if self.in_flight >= self.max_in_flight:
+            return unavailable(f"the server is overloaded: {self.in_flight} requests are in flight at this ingress "
+                               f"(limit {self.max_in_flight}); retry later", OVERLOADED,
+                               retry_after_from(self.ttft_avg_s))
+        self.in_flight += 1
+        return None
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        assert self.in_flight >= 0, "ingress in-flight count went negative"
 
     def _first_token(self, seconds: float) -> None:
         """Moving average of the time to a first token seen here (the Retry-After hint when
@@ -246,15 +267,20 @@ class OpenAIServing:
         return jobs
 
     async def _generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
-        """`backend.generate`, with replica failures hidden while they can be: a replica that
-        dies or cannot be reached before this request's first token is replaced by another
-        (up to REPLICA_ATTEMPTS tries within REPLICA_RETRY_WINDOW_S); after a token has gone out
-        the failure is raised (`errors.replica_failed`: 503, or an SSE error event)."""
+        """`backend.generate`, with replica failures and refusals hidden while they can be: a
+        replica that dies or cannot be reached before this request's first token is replaced
+        by another (up to REPLICA_ATTEMPTS tries within REPLICA_RETRY_WINDOW_S), and so is one
+        that refuses it as overloaded, at once, until as many replicas as there can be
+        (`config.max_replicas`) have refused (then 503 + the smallest Retry-After they gave);
+        after a token has gone out a failure is raised (`errors.replica_failed`: 503, or an
+        SSE error event)."""
         begin = time.monotonic()
         deadline = begin + REPLICA_RETRY_WINDOW_S
         started, answered = False, False
+        refused_by: set[str] = set()
+        soonest: int | None = None  # the smallest Retry-After of the refusals
         for attempt in range(1, REPLICA_ATTEMPTS + 1):
-            produced, retry = False, False
+            produced, retry, refused = False, False, False
             stream = self.backend.generate(request)
             try:
                 async for item in stream:
@@ -264,8 +290,16 @@ class OpenAIServing:
                             yield item
                         continue
                     if isinstance(item, GenerateError):
-                        retry = item.code == REPLICA_FAILED and attempt < REPLICA_ATTEMPTS and \
-                            time.monotonic() < deadline
+                        more = attempt < REPLICA_ATTEMPTS and time.monotonic() < deadline
+                        if item.code == OVERLOADED and item.replica is not None:  # a replica's own refusal
+                            refused = True
+                            refused_by.add(item.replica)
+                            if item.retry_after_s is not None:
+                                soonest = item.retry_after_s if soonest is None else min(soonest, item.retry_after_s)
+                                item.retry_after_s = soonest
+                            retry = more and len(refused_by) < self.config.max_replicas
+                        else:
+                            retry = item.code == REPLICA_FAILED and more
                         if retry:
                             break
                         if started:  # a refusal after another replica took the request
@@ -287,6 +321,10 @@ class OpenAIServing:
                     await stream.aclose()
             if not retry:
                 return
+            if refused:  # another replica may have room now: no wait
+                logger.debug("request %s: refused by an overloaded replica; trying another (attempt %d)",
+                             request.request_id, attempt + 1)
+                continue
             logger.warning("request %s: replica failed before its first token; retrying (attempt %d)",
                            request.request_id, attempt + 1)
             await asyncio.sleep(REPLICA_RETRY_BACKOFF_S * attempt)

@@ -2,14 +2,18 @@
 
     view = scheduler.load_view()                 # LoadView, counted once
     admission.can_start(view)                    # the scheduler: may the head of the queue run now?
-    admission.on_arrival(view, queue, num_tokens)  # the replica: take a new request, or refuse it?
+    admission.on_arrival(view, queue, num_tokens, num_answered=n)  # the replica: take a new request, or refuse it?
 
 Both answer a `Verdict` with a reason a person can read ("max_num_seqs=64 requests are
-running", "64 requests are waiting for their first token (limit 64)"). The same `LoadView`
-is what a replica reports to the router (its load for placement). The arrival bound is on
-the replica's `FirstTokenQueue` (requests and prompt tokens not yet answered with a first
-token: what a new request waits behind), counted exactly at arrival and first token, so a
-burst between two engine steps cannot overshoot it. Pure Python, no torch.
+running", "80 requests are waiting for their first token (limit 80: ...)"). The same
+`LoadView` is what a replica reports to the router (its load for placement). The arrival
+bound is on the replica's `FirstTokenQueue` (requests and prompt tokens not yet answered
+with a first token: what a new request waits behind), counted exactly at arrival and first
+token, so a burst between two engine steps cannot overshoot it. Those requests include the
+ones already prefilling in a batch row, so the bound on them is `max_waiting` plus the rows
+that answered requests (past their first token, counted by the replica) leave free: with
+Serve's cap of max_num_seqs + max_waiting calls per replica, a call Serve lets through is
+never refused for the number of requests. Pure Python, no torch.
 """
 from __future__ import annotations
 
@@ -69,9 +73,11 @@ class FirstTokenQueue:
 
 
 class Admission:
-    """The policy. `max_waiting` bounds the requests a new one may wait behind, and
-    `max_waiting_tokens` their prompt tokens (None: unbounded); an empty queue always takes
-    one request, however long its prompt, so no request is refused forever."""
+    """The policy. `max_waiting` bounds the requests a new one may wait behind for a batch
+    row (those without a first token beyond the rows free of answered requests), and
+    `max_waiting_tokens` the prompt tokens of all without a first token (None: unbounded); an
+    empty queue always takes one request, however long its prompt, so no request is refused
+    forever."""
 
     def __init__(self, max_num_seqs: int, max_waiting: int | None = None,
                  max_waiting_tokens: int | None = None) -> None:
@@ -94,12 +100,20 @@ class Admission:
             return Verdict("queue", "no free request row")
         return ADMIT
 
-    def on_arrival(self, view: LoadView, queue: FirstTokenQueue, num_tokens: int) -> Verdict:
+    def on_arrival(self, view: LoadView, queue: FirstTokenQueue, num_tokens: int, *, num_answered: int) -> Verdict:
         """Take a new request of `num_tokens` prompt tokens, or refuse it (the replica answers
-        503 with Retry-After)."""
-        if self.max_waiting is not None and queue.num_requests >= self.max_waiting:
-            return Verdict("reject", f"{queue.num_requests} requests are waiting for their first token "
-                                     f"(limit {self.max_waiting})")
+        503 with Retry-After). `num_answered`: the replica's requests past their first token
+        and not yet ended; each holds a batch row, and the rows they leave free
+        (max_num_seqs - num_answered) are taken, or about to be, by requests of `queue`, so
+        those do not count against `max_waiting`: at most max_waiting + free rows requests
+        without a first token."""
+        if self.max_waiting is not None:
+            free_rows = max(0, self.max_num_seqs - num_answered)
+            limit = self.max_waiting + free_rows
+            if queue.num_requests >= limit:
+                return Verdict("reject", f"{queue.num_requests} requests are waiting for their first token "
+                                         f"(limit {limit}: max_waiting_requests={self.max_waiting} + {free_rows} "
+                                         f"rows of max_num_seqs={self.max_num_seqs} not held by answered requests)")
         if self.max_waiting_tokens is not None and queue.num_requests and \
                 queue.num_tokens + num_tokens > self.max_waiting_tokens:
             return Verdict("reject", f"{queue.num_tokens} prompt tokens are waiting and this request brings "

@@ -205,3 +205,23 @@ def test_build_app_sets_access_logging_on_both_deployments(enabled):
     engine = ingress.init_args[1]._bound_deployment
     for deployment in (ingress, engine):
         assert deployment._deployment_config.logging_config["enable_access_log"] is enabled
+
+
+def test_build_app_sizes_both_deployments_from_the_queue_bounds():
+    """The engine replicas take max_ongoing_requests calls each and Serve queues
+    max_queued_requests more; the ingress refuses past replicas x that + the queue itself, and
+    Serve's cap on the ingress is above its bound (the proxy never queues ahead of it)."""
+    from hybrid_serve.deploy.app import build_app
+    from hybrid_serve.deploy.config import AppConfig
+
+    args = {"replicas": 3, "engine_args": {"max_num_seqs": 8}, "max_waiting_requests": 4}
+    bounds = AppConfig.from_args(args).queue_bounds()
+    assert (bounds["max_ongoing_requests"], bounds["max_queued_requests"]) == (12, 4)
+    assert bounds["max_ingress_requests"] == 3 * 12 + 4
+    ingress = build_app(args)._bound_deployment
+    engine = ingress.init_args[1]._bound_deployment
+    assert engine._deployment_config.max_ongoing_requests == 12
+    assert engine._deployment_config.max_queued_requests == 4
+    assert ingress._deployment_config.max_ongoing_requests == bounds["ingress_max_ongoing_requests"] > 40
+    scaled = AppConfig(autoscaling_config={"min_replicas": 1, "max_replicas": 5}, engine_args={"max_num_seqs": 8})
+    assert scaled.max_replicas == 5 and scaled.queue_bounds()["max_ingress_requests"] == 5 * 16 + 8

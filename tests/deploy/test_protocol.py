@@ -26,8 +26,10 @@ MAX_LEN, VOCAB = 64, 4096
 class FakeEngine:
     """Each sequence yields the words of `script`, one per delta; `fail_after` raises mid-way."""
 
-    def __init__(self, script=("Hello", " there", "!"), fail_after: int | None = None, waiting: int = 0):
+    def __init__(self, script=("Hello", " there", "!"), fail_after: int | None = None, waiting: int = 0,
+                 max_num_seqs: int = 8):
         self.script, self.fail_after, self.waiting, self.dead = script, fail_after, waiting, False
+        self.max_num_seqs = max_num_seqs
         self.requests = []
 
     def model_info(self):
@@ -48,8 +50,9 @@ class FakeEngine:
         pass
 
     def load(self):
-        return LoadView(num_running=0, num_waiting=self.waiting, num_waiting_tokens=0, num_free_req_rows=8,
-                        num_free_state_slots=8, num_free_kv_pages=8, max_num_seqs=8)
+        return LoadView(num_running=0, num_waiting=self.waiting, num_waiting_tokens=0,
+                        num_free_req_rows=self.max_num_seqs, num_free_state_slots=8, num_free_kv_pages=8,
+                        max_num_seqs=self.max_num_seqs)
 
     def check_health(self):
         if self.dead:
@@ -255,8 +258,8 @@ def test_api_key(tokenizer, monkeypatch):
 class GatedEngine(FakeEngine):
     """Holds every request before its first token until `gate` is set."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
         self.gate = asyncio.Event()
 
     async def generate(self, ids, params, request_id, validated=False):
@@ -268,13 +271,15 @@ class GatedEngine(FakeEngine):
 def test_replica_admission_bounds_requests_and_tokens_waiting_for_a_first_token():
     """The replica counts requests (not sequences) and prompt tokens without a first token;
     past either bound a new one is refused at once with a Retry-After; an empty queue takes
-    any prompt; the queue empties as first tokens arrive."""
+    any prompt; the queue empties as first tokens arrive. The request bound is
+    max_waiting_requests + the rows not held by answered requests (max_num_seqs -
+    num_answered), counted from a first token to the end, however the request ends."""
     from hybrid_serve.deploy.server import GenerateRequest, Started
     from hybrid_serve.deploy.errors import GenerateError
     from hybrid_serve.engine.sampling_params import SamplingParams
 
     async def scenario():
-        engine = GatedEngine()
+        engine = GatedEngine(max_num_seqs=2)
         server = LLMServerImpl(AppConfig(max_waiting_requests=2, max_waiting_tokens=100), "r0",
                                engine_factory=lambda c, r: engine)
 
@@ -286,19 +291,33 @@ def test_replica_admission_bounds_requests_and_tokens_waiting_for_a_first_token(
         assert (server.queue.num_requests, server.queue.num_tokens) == (1, 500)
         refused = await request(1, 10).__anext__()
         assert isinstance(refused, GenerateError) and refused.code == "overloaded" and refused.retry_after_s >= 1
-        assert "500 prompt tokens are waiting" in refused.message
+        assert "500 prompt tokens are waiting" in refused.message and refused.replica == "r0"
         engine.gate.set()
-        first = await huge.__anext__()  # its first token: it leaves the queue
+        first = await huge.__anext__()  # its first token: it leaves the queue and holds a row
         assert first.seqs and server.queue.num_requests == 0 and server.ttft_avg_s is not None
+        assert server.num_answered == 1
         engine.gate.clear()
-        small = [request(i, 10) for i in (2, 3)]
+        small = [request(i, 10) for i in (2, 3, 4)]  # 2 waiting + the 1 row huge leaves free
         for stream in small:
             assert isinstance(await stream.__anext__(), Started)
-        refused = await request(4, 1).__anext__()
-        assert isinstance(refused, GenerateError) and "2 requests are waiting" in refused.message
-        for stream in small + [huge]:
+        refused = await request(5, 1).__anext__()
+        assert isinstance(refused, GenerateError) and "3 requests are waiting for their first token (limit 3: " \
+            "max_waiting_requests=2 + 1 rows" in refused.message
+        await huge.aclose()  # a hang-up after the first token: its row is free again
+        assert server.num_answered == 0
+        fourth = request(6, 10)
+        assert isinstance(await fourth.__anext__(), Started)
+        for stream in small + [fourth]:
             await stream.aclose()  # disconnects before a first token also leave the queue
-        assert (server.queue.num_requests, server.queue.num_tokens) == (0, 0)
+        assert (server.queue.num_requests, server.queue.num_tokens, server.num_answered) == (0, 0, 0)
+        engine.gate.set()
+        done = [d async for d in request(7, 10)]  # to the end: answered, then not
+        assert isinstance(done[0], Started) and done[-1].finished and server.num_answered == 0
+        engine.fail_after = 1
+        with pytest.raises(EngineDeadError):
+            async for _ in request(8, 10):
+                pass
+        assert (server.queue.num_requests, server.num_answered) == (0, 0)  # an error after a token, too
 
     asyncio.run(scenario())
 
@@ -306,14 +325,187 @@ def test_replica_admission_bounds_requests_and_tokens_waiting_for_a_first_token(
 def test_overloaded_is_503_with_retry_after_and_dead_is_503(tokenizer):
     client, engine = make_client(tokenizer, max_waiting_requests=1)
     client.server.queue.enter(5)  # one request already waits for its first token
+    client.server.num_answered = engine.max_num_seqs  # and every row is held by answered requests
     client.server.ttft_avg_s = 2.4
     resp = client.post("/v1/completions", json={"prompt": "x"})
     assert _error(resp, 503)["code"] == "overloaded" and resp.headers["retry-after"] == "3"
+    client.server.num_answered -= 1  # one row free: it may wait for it
+    assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 200
     client.server.queue.leave(5)
+    client.server.num_answered = 0
     assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 200
     engine.dead = True
     _error(client.post("/v1/completions", json={"prompt": "x"}), 503)
     _error(client.get("/health"), 503)
+
+
+class ReplicasBackend(LocalBackend):
+    """Several in-process replicas; attempt k of a request goes to replica k mod their number
+    (as a router would move on); the last attempt of each request is remembered."""
+
+    def __init__(self, servers):
+        super().__init__(servers[0])
+        self.servers, self.attempts, self.routed = servers, 0, []
+
+    def generate(self, request):
+        server = self.servers[self.attempts % len(self.servers)]
+        self.attempts += 1
+        self.routed.append(server.replica)
+        return server.generate(request)
+
+
+def _replicas_client(tokenizer, engines, **config):
+    cfg = AppConfig(**config)
+    servers = [LLMServerImpl(cfg, f"r{i}", engine_factory=lambda c, r, e=e: e) for i, e in enumerate(engines)]
+    backend = ReplicasBackend(servers)
+    serving = OpenAIServing(cfg, backend, tokenizer, metrics.IngressMetrics("demo", "ingress-test"))
+    return TestClient(create_app(serving)), backend
+
+
+def _fill(server, ttft_s):
+    """Every row held by an answered request and max_waiting_requests waiting: full."""
+    server.num_answered = server.admission.max_num_seqs
+    for _ in range(server.admission.max_waiting):
+        server.queue.enter(1)
+    server.ttft_avg_s = ttft_s
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_refused_by_an_overloaded_replica_is_tried_on_another(tokenizer, stream):
+    client, backend = _replicas_client(tokenizer, [FakeEngine(), FakeEngine()], replicas=2)
+    _fill(backend.servers[0], 2.0)
+    resp = client.post("/v1/completions", json={"prompt": "hi", "stream": stream})
+    assert resp.status_code == 200 and backend.routed == ["r0", "r1"]
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in _events(resp.text)[:-1]) if stream \
+        else resp.json()["choices"][0]["text"]
+    assert text == "Hello there!"
+
+
+def test_503_only_when_every_replica_is_overloaded(tokenizer):
+    """Each replica is tried once (config.max_replicas of them), at once; then 503 with the
+    smallest Retry-After they gave. With one replica there is nowhere else to go."""
+    client, backend = _replicas_client(tokenizer, [FakeEngine(), FakeEngine()], replicas=2)
+    _fill(backend.servers[0], 7.5)
+    _fill(backend.servers[1], 2.5)
+    resp = client.post("/v1/completions", json={"prompt": "hi"})
+    err = _error(resp, 503)
+    assert err["code"] == "overloaded" and resp.headers["retry-after"] == "3" and backend.routed == ["r0", "r1"]
+    client, backend = _replicas_client(tokenizer, [FakeEngine(), FakeEngine()])  # replicas=1
+    _fill(backend.servers[0], 1.0)
+    _error(client.post("/v1/completions", json={"prompt": "hi"}), 503)
+    assert backend.routed == ["r0"]
+
+
+def test_serves_back_pressure_is_not_retried(tokenizer):
+    """Serve's own refusal (every replica busy and its queue full) names no replica: 503 at once."""
+
+    class BackPressure(LocalBackend):
+        calls = 0
+
+        async def generate(self, request):
+            BackPressure.calls += 1
+            yield GenerateError(503, "every replica is busy and the ingress queue is full", code="overloaded")
+
+    cfg = AppConfig(replicas=4)
+    server = LLMServerImpl(cfg, "r0", engine_factory=lambda c, r: FakeEngine())
+    serving = OpenAIServing(cfg, BackPressure(server), tokenizer)
+    resp = TestClient(create_app(serving)).post("/v1/completions", json={"prompt": "hi"})
+    assert _error(resp, 503)["code"] == "overloaded" and resp.headers["retry-after"] == "1"
+    assert BackPressure.calls == 1
+
+
+class CountingTokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer, self.encoded = tokenizer, 0
+
+    def encode(self, *args, **kwargs):
+        self.encoded += 1
+        return self.tokenizer.encode(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+async def _asgi(app, method: str, path: str, body: bytes = b"", hang_up: asyncio.Event | None = None
+                ) -> tuple[int, dict, bytes]:
+    """One HTTP request straight through an ASGI app, in this event loop (so tests can hold
+    several in flight): status, headers, body. The client goes away when `hang_up` is set."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+             "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("test", 80)}
+    sent, out = False, {"status": None, "headers": {}, "body": b""}
+    finished = hang_up or asyncio.Event()
+
+    async def receive():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+            out["headers"] = {k.decode().lower(): v.decode() for k, v in message.get("headers", [])}
+        elif message["type"] == "http.response.body":
+            out["body"] += message.get("body", b"")
+            if not message.get("more_body"):
+                finished.set()
+
+    await app(scope, receive, send)
+    return out["status"], out["headers"], out["body"]
+
+
+def test_the_ingress_refuses_past_its_in_flight_bound_before_any_work(tokenizer):
+    """Generation requests in flight at the ingress (arrival to the end of the response,
+    streams included) are bounded by replicas x max_ongoing_requests + max_queued_requests;
+    past it: 503 + Retry-After at once, the body not even parsed (invalid JSON gets 503,
+    not 400), nothing tokenized, no replica called. Other routes are not counted."""
+    async def scenario():
+        engine = GatedEngine()  # every request waits for its first token until the gate opens
+        cfg = AppConfig(max_ongoing_requests=1, max_queued_requests=1)
+        assert cfg.queue_bounds()["max_ingress_requests"] == 2
+        server = LLMServerImpl(cfg, "r0", engine_factory=lambda c, r: engine)
+        counting = CountingTokenizer(tokenizer)
+        serving = OpenAIServing(cfg, LocalBackend(server), counting, metrics.IngressMetrics("demo", "ingress-test"))
+        serving.ttft_avg_s = 4.2
+        app = create_app(serving)
+
+        def post(path, payload):
+            return _asgi(app, "POST", path, json.dumps(payload).encode() if isinstance(payload, dict) else payload)
+
+        held = [asyncio.create_task(post("/v1/completions", {"prompt": "hi", "stream": stream}))
+                for stream in (False, True)]
+        while server.queue.num_requests < 2:  # both reached the replica and wait for a first token
+            await asyncio.sleep(0.01)
+        assert serving.in_flight == 2
+        encoded = counting.encoded
+        status, headers, body = await post("/v1/completions", {"prompt": "hi"})
+        assert status == 503 and headers["retry-after"] == "5"
+        err = json.loads(body)["error"]
+        assert err["code"] == "overloaded" and "2 requests are in flight at this ingress (limit 2)" in err["message"]
+        status, _, _ = await post("/v1/chat/completions", b"{not json")
+        assert status == 503
+        assert counting.encoded == encoded and server.queue.num_requests == 2  # no work done for them
+        assert (await _asgi(app, "GET", "/v1/models"))[0] == 200  # other routes: not counted, not refused
+        engine.gate.set()
+        done = await asyncio.gather(*held)
+        assert [d[0] for d in done] == [200, 200] and done[1][2].endswith(b"data: [DONE]\n\n")
+        assert serving.in_flight == 0
+        assert (await post("/v1/completions", {"prompt": "hi"}))[0] == 200 and serving.in_flight == 0
+        engine.gate.clear()  # a streaming client that hangs up before its first token: no longer counted
+        gone = asyncio.Event()
+        stream = asyncio.create_task(_asgi(app, "POST", "/v1/completions", b'{"prompt": "hi", "stream": true}', gone))
+        while server.queue.num_requests < 1:
+            await asyncio.sleep(0.01)
+        assert serving.in_flight == 1
+        gone.set()
+        await asyncio.wait_for(stream, 10)
+        assert serving.in_flight == 0 and server.queue.num_requests == 0
+
+    asyncio.run(scenario())
 
 
 class FlakyBackend(LocalBackend):

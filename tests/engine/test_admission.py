@@ -23,18 +23,61 @@ def test_on_arrival_queues_then_rejects_past_the_bounds():
 
     admission = Admission(max_num_seqs=4, max_waiting=3, max_waiting_tokens=100)
     queue = FirstTokenQueue()
-    assert admission.on_arrival(_view(), queue, 10).admitted
-    assert admission.on_arrival(_view(running=4), queue, 10).decision == "queue"
-    assert admission.on_arrival(_view(), queue, 10_000).admitted  # an empty queue takes any prompt
+    assert admission.on_arrival(_view(), queue, 10, num_answered=0).admitted
+    assert admission.on_arrival(_view(running=4), queue, 10, num_answered=4).decision == "queue"
+    assert admission.on_arrival(_view(), queue, 10_000, num_answered=0).admitted  # an empty queue takes any prompt
     for _ in range(2):
         queue.enter(30)
-    assert admission.on_arrival(_view(running=4), queue, 40).decision == "queue"
-    too_long = admission.on_arrival(_view(running=4), queue, 41)
+    assert admission.on_arrival(_view(running=4), queue, 40, num_answered=4).decision == "queue"
+    too_long = admission.on_arrival(_view(running=4), queue, 41, num_answered=4)
     assert too_long.decision == "reject" and "60 prompt tokens are waiting" in too_long.reason
     queue.enter(1)
-    rejected = admission.on_arrival(_view(running=4), queue, 1)
-    assert rejected.decision == "reject" and rejected.reason == "3 requests are waiting for their first token (limit 3)"
-    assert Admission(max_num_seqs=4).on_arrival(_view(running=4, waiting=10**6), queue, 10**6).decision == "queue"
+    # every row held by a request past its first token: max_waiting requests may wait, no more
+    rejected = admission.on_arrival(_view(running=4), queue, 1, num_answered=4)
+    assert rejected.decision == "reject" and rejected.reason == (
+        "3 requests are waiting for their first token (limit 3: max_waiting_requests=3 + 0 rows of "
+        "max_num_seqs=4 not held by answered requests)")
+    unbounded = Admission(max_num_seqs=4)
+    assert unbounded.on_arrival(_view(running=4, waiting=10**6), queue, 10**6, num_answered=4).decision == "queue"
+
+
+def test_on_arrival_counts_rows_left_free_by_answered_requests_as_room():
+    """Requests without a first token include those already prefilling in a batch row: only
+    the rows not held by answered requests are theirs, beyond max_waiting. (The old bound,
+    max_waiting requests without a first token whatever ran, refused the second and third
+    arrival here.)"""
+    from hybrid_serve.engine.admission import FirstTokenQueue
+
+    admission = Admission(max_num_seqs=4, max_waiting=3)
+    queue = FirstTokenQueue()
+    for _ in range(3):
+        queue.enter(10)
+    assert admission.on_arrival(_view(running=4), queue, 1, num_answered=1).decision == "queue"  # 3 + 3 free
+    for _ in range(3):
+        queue.enter(10)
+    full = admission.on_arrival(_view(running=4, waiting=2), queue, 1, num_answered=1)
+    assert full.decision == "reject" and "(limit 6: max_waiting_requests=3 + 3 rows" in full.reason
+    assert admission.on_arrival(_view(running=4, waiting=2), queue, 1, num_answered=0).decision == "queue"
+    # more answered requests than rows (preempted after their first token): no negative room
+    over = admission.on_arrival(_view(running=4), FirstTokenQueue(3, 30), 1, num_answered=9)
+    assert over.decision == "reject" and "limit 3:" in over.reason
+
+
+@pytest.mark.parametrize("max_num_seqs, max_waiting", [(1, 1), (4, 3), (16, 16), (8, 32)])
+def test_a_call_within_serves_cap_is_never_refused_for_the_request_count(max_num_seqs, max_waiting):
+    """Serve gives a replica at most max_num_seqs + max_waiting calls (`queue_bounds`'s default
+    max_ongoing_requests): every call in flight is either without a first token (the queue)
+    or answered, so one arriving below the cap is always taken."""
+    from hybrid_serve.engine.admission import FirstTokenQueue
+
+    admission = Admission(max_num_seqs=max_num_seqs, max_waiting=max_waiting)
+    cap = max_num_seqs + max_waiting
+    for unanswered in range(cap):
+        for answered in range(cap - unanswered):
+            verdict = admission.on_arrival(_view(running=min(max_num_seqs, unanswered + answered)),
+                                           FirstTokenQueue(unanswered, unanswered), 1, num_answered=answered)
+            assert verdict.decision != "reject", (unanswered, answered, verdict.reason)
+    assert admission.on_arrival(_view(), FirstTokenQueue(cap, cap), 1, num_answered=0).decision == "reject"
 
 
 @pytest.mark.parametrize("kwargs", [{"max_num_seqs": 0}, {"max_num_seqs": 2, "max_waiting": 0},
