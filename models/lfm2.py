@@ -89,7 +89,7 @@ class Lfm2DecoderLayer(nn.Module):
     """h += mixer(operator_norm(h)); h += feed_forward(ffn_norm(h)). The mixer is `conv`
     (ShortConv) or `self_attn`, named as in transformers."""
 
-    def __init__(self, hf_config, layer_id: int, layer_ids: LayerIdMap) -> None:
+    def __init__(self, hf_config, layer_id: int, layer_ids: LayerIdMap, feed_forward: nn.Module) -> None:
         super().__init__()
         self.is_attention = layer_ids.layer_kinds[layer_id] == ATTENTION
         if self.is_attention:
@@ -99,7 +99,7 @@ class Lfm2DecoderLayer(nn.Module):
                 hf_config.hidden_size, hf_config.conv_L_cache, bool(hf_config.conv_bias),
                 layer_ids.state_local(layer_id),
             )
-        self.feed_forward = Lfm2MLP(hf_config.hidden_size, lfm2_intermediate_size(hf_config))
+        self.feed_forward = feed_forward
         self.operator_norm = RMSNorm(hf_config.hidden_size, eps=hf_config.norm_eps)
         self.ffn_norm = RMSNorm(hf_config.hidden_size, eps=hf_config.norm_eps)
 
@@ -110,17 +110,15 @@ class Lfm2DecoderLayer(nn.Module):
 
 
 class _Backbone(nn.Module):
-    def __init__(self, hf_config, layer_ids: LayerIdMap) -> None:
+    def __init__(self, hf_config, layers: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
-        self.layers = nn.ModuleList(
-            Lfm2DecoderLayer(hf_config, i, layer_ids) for i in range(hf_config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(layers)
         self.embedding_norm = RMSNorm(hf_config.hidden_size, eps=hf_config.norm_eps)
 
 
 def lfm2_layer_ids(hf_config) -> LayerIdMap:
-    layer_types = list(hf_config.layer_types)[: hf_config.num_hidden_layers]
+    layer_types = list(getattr(hf_config, "layer_types", None) or [])[: hf_config.num_hidden_layers]
     bad = [t for t in layer_types if t not in _LAYER_KINDS]
     if bad:
         raise ValueError(f"unsupported LFM2 layer types {sorted(set(bad))}; supported {sorted(_LAYER_KINDS)}")
@@ -134,9 +132,16 @@ class Lfm2ForCausalLM(HybridForCausalLM):
         super().__init__()
         self.hf_config = hf_config
         self.layer_ids = lfm2_layer_ids(hf_config)
-        self.model = _Backbone(hf_config, self.layer_ids)
+        layers = [
+            Lfm2DecoderLayer(hf_config, i, self.layer_ids, self.make_feed_forward(hf_config, i))
+            for i in range(hf_config.num_hidden_layers)
+        ]
+        self.model = _Backbone(hf_config, layers)
         self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", True))
+
+    def make_feed_forward(self, hf_config, layer_id: int) -> nn.Module:
+        return Lfm2MLP(hf_config.hidden_size, lfm2_intermediate_size(hf_config))
 
     def state_spec(self, dtype: torch.dtype):
         """Conv window `[H/tp, L_cache-1]` per slot; None if the model has no conv layer."""

@@ -7,17 +7,29 @@ import importlib
 _ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3_5ForCausalLM": ("qwen3_5", "Qwen3_5ForCausalLM"),
     "Qwen3_5ForConditionalGeneration": ("qwen3_5", "Qwen3_5ForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
     "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
     "Lfm2ForCausalLM": ("lfm2", "Lfm2ForCausalLM"),
+    "Lfm2MoeForCausalLM": ("lfm2_moe", "Lfm2MoeForCausalLM"),
     "NemotronHForCausalLM": ("nemotron_h", "NemotronHForCausalLM"),
+    "BambaForCausalLM": ("bamba", "BambaForCausalLM"),
+    "GraniteMoeHybridForCausalLM": ("granite_moe_hybrid", "GraniteMoeHybridForCausalLM"),
+    "FalconH1ForCausalLM": ("falcon_h1", "FalconH1ForCausalLM"),
 }
 # model_type -> architecture, for configs without `architectures`
 _MODEL_TYPES: dict[str, str] = {
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
     "qwen3_next": "Qwen3NextForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "bamba": "BambaForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "falcon_h1": "FalconH1ForCausalLM",
 }
 
 

@@ -1,6 +1,6 @@
-"""Ray cluster on CPU: tp=2 (gloo) equals tp=1 for every family; two tp=2 replicas on a
-two-node local cluster; a killed ShardWorker fails only its replica's requests, and the
-replica comes back; infeasible sizes fail within seconds."""
+"""Ray cluster on CPU: tp=2 (gloo) equals tp=1 for every family and for a Mamba2 group spread
+over both ranks; two tp=2 replicas on a two-node local cluster; a killed ShardWorker fails
+only its replica's requests, and the replica comes back; infeasible sizes fail within seconds."""
 import threading
 import time
 
@@ -44,6 +44,26 @@ def test_tp2_tokens_equal_tp1(family, dtype, reference_models, two_node_cluster)
     finally:
         llm.shutdown()
     assert [o.error for o in got] == [None] * len(prompts)
+    assert [o.outputs[0].token_ids for o in got] == want
+
+
+@pytest.mark.slow
+def test_tp2_norm_over_one_mamba_group_spanning_ranks(tmp_path, two_node_cluster):
+    """One Mamba2 group (as the released Bamba / Granite-4.0-H / Falcon-H1 have) at tp=2: each
+    rank keeps a copy of the group's B and C, and an output norm over the whole group (here
+    Falcon-H1's normalise-then-gate; Bamba's family config covers gate-then-normalise) sums its
+    squares across ranks."""
+    from hf_reference import build_reference
+
+    model_dir = str(tmp_path)
+    build_reference("falcon_h1", model_dir, mamba_n_groups=1, mamba_rms_norm=True, mamba_norm_before_gate=True)
+    prompts = _prompts(4, seed=4)
+    want = [o.outputs[0].token_ids for o in LLM(model=model_dir, dtype="float32").generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, dtype="float32", tp_size=2, chunked_prefill_size=16)
+    try:
+        got = llm.generate(prompts, GREEDY)
+    finally:
+        llm.shutdown()
     assert [o.outputs[0].token_ids for o in got] == want
 
 

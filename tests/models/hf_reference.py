@@ -30,6 +30,10 @@ def build_reference(family: str, out_dir: str, seed: int = 0, **overrides):
     cls = getattr(transformers, family_class_name(family))
     model = cls(config).eval()
     perturb_(model, seed)
+    perturb_buffers = getattr(_family_module(family), "perturb_buffers", None)
+    if perturb_buffers is not None:  # saved buffers a family's forward reads (e.g. a routing bias)
+        with torch.no_grad():
+            perturb_buffers(model, torch.Generator().manual_seed(seed + 1))
     model.save_pretrained(out_dir)
     return model
 
@@ -49,4 +53,5 @@ def family_class_name(family: str) -> str:
     return _family_module(family).HF_CLASS
 
 
-FAMILIES = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h")
+FAMILIES = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "qwen3_5_moe", "lfm2_moe", "bamba",
+            "granite_moe_hybrid", "falcon_h1")

@@ -1,6 +1,8 @@
 """Greedy generation through the engine equals transformers' `generate(do_sample=False)`,
 with prompts of lengths 1..300 running concurrently, chunked prefill at 7 / 16 / 64 and
 `max_num_seqs` small enough that requests wait in the queue."""
+import copy
+
 import pytest
 import torch
 
@@ -17,13 +19,21 @@ def _prompts(vocab_size: int) -> list[list[int]]:
 
 
 def _hf_greedy(model, prompts: list[list[int]]) -> list[list[int]]:
+    """transformers' greedy tokens, MAX_TOKENS of them. No EOS in its generation config: with one,
+    transformers would ban EOS until min_new_tokens, where the engine (ignore_eos) may pick it."""
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None  # (generate fills a None from the model's generation config: swap it)
+    saved, model.generation_config = model.generation_config, config
     outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                                 min_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
-            outs.append(gen[0, len(p):].tolist())
+    try:
+        with torch.no_grad():
+            for p in prompts:
+                ids = torch.tensor([p])
+                gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
+                                     min_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0)
+                outs.append(gen[0, len(p):].tolist())
+    finally:
+        model.generation_config = saved
     return outs
 
 
