@@ -75,6 +75,13 @@ PREEMPTIONS = _counter("hybrid_serve_preemptions_total", "Running sequences pree
 POOL_INVARIANT_VIOLATIONS = _counter(
     "hybrid_serve_pool_invariant_violations_total",
     "Idle-time checks where the KV pages or state slots in use were not exactly the prefix tree's (a leak).")
+SPEC_DRAFTS = _counter("hybrid_serve_spec_decode_num_drafts_total",
+                       "Speculative verify rows that carried drafts (one per request per verify step).")
+SPEC_DRAFT_TOKENS = _counter("hybrid_serve_spec_decode_num_draft_tokens_total", "Speculative draft tokens verified.")
+SPEC_ACCEPTED_TOKENS = _counter("hybrid_serve_spec_decode_num_accepted_tokens_total",
+                                "Speculative draft tokens accepted (kept in the output).")
+SPEC_ACCEPTED_PER_POS = _counter("hybrid_serve_spec_decode_num_accepted_tokens_per_pos_total",
+                                 "Accepted draft tokens by draft position (0 = the first draft).", ("position",))
 
 # ----- ingress / router -------------------------------------------------------------------
 ROUTER_DECISIONS = _counter("hybrid_serve_router_decisions_total",
@@ -108,6 +115,17 @@ class EngineMetrics:
         self.prefix_hits = {k: PREFIX_CACHE_HIT_TOKENS.labels(*lv, k) for k in PREFIX_CACHE_KINDS}
         self.preemptions = PREEMPTIONS.labels(*lv)
         self.invariant_violations = POOL_INVARIANT_VIOLATIONS.labels(*lv)
+        self.spec_drafts = SPEC_DRAFTS.labels(*lv)
+        self.spec_draft_tokens = SPEC_DRAFT_TOKENS.labels(*lv)
+        self.spec_accepted_tokens = SPEC_ACCEPTED_TOKENS.labels(*lv)
+        self._lv = lv
+        self._spec_per_pos: dict[int, Counter] = {}
+
+    def spec_accepted_at(self, position: int) -> Counter:
+        """The accepted-tokens counter of draft position `position` (created on first use)."""
+        if position not in self._spec_per_pos:
+            self._spec_per_pos[position] = SPEC_ACCEPTED_PER_POS.labels(*self._lv, str(position))
+        return self._spec_per_pos[position]
 
     def finished(self, finish_reason: str | None) -> None:
         reason = finish_reason if finish_reason in self.success else "error"

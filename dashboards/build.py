@@ -90,6 +90,21 @@ OVERVIEW = [
              "idle checks failed (must stay 0)")], "short",
               "A failed idle check means pages or slots in use that no request or cached prefix holds.", width=8),
     ]),
+    Row("Speculative decoding", [
+        Panel("Draft acceptance rate", [
+            (_ratio(f"hybrid_serve_spec_decode_num_accepted_tokens_total{{{SEL}}}",
+                    f"hybrid_serve_spec_decode_num_draft_tokens_total{{{SEL}}}"), "accepted / drafted")],
+              "percentunit", "Draft tokens kept / draft tokens verified.", max=1.0, width=8),
+        Panel("Mean accepted length", [
+            (f"1 + {_ratio(f'hybrid_serve_spec_decode_num_accepted_tokens_total{{{SEL}}}', f'hybrid_serve_spec_decode_num_drafts_total{{{SEL}}}')}",
+             "tokens per verify row")], "short", "Tokens a verify row yields: accepted drafts + the target's own.",
+              width=8),
+        Panel("Accepted drafts/s by position", [
+            (f"sum by (position) (rate(hybrid_serve_spec_decode_num_accepted_tokens_per_pos_total{{{SEL}}}[{RATE}]))",
+             "draft {{position}}"),
+            (f"sum(rate(hybrid_serve_spec_decode_num_draft_tokens_total{{{SEL}}}[{RATE}]))", "drafted")], "short",
+              width=8),
+    ]),
     Row("Routing", [
         Panel("Router decisions/s by replica", [
             (f"sum by (replica, policy) (rate(hybrid_serve_router_decisions_total{{{SEL}}}[{RATE}]))",

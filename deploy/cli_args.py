@@ -69,6 +69,22 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default: {'on' if _engine_default('enable_prefix_caching') else 'off'})")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly (default: graphs for decode steps on CUDA)")
+    p.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM: e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        "(methods: ngram, remote; keys: engine/spec/config.py; default: off)")
+
+
+def _json_object(text: str) -> dict:
+    """argparse type: a JSON object (argparse turns the ValueError into a usage error)."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def engine_overrides(args: argparse.Namespace) -> dict:
@@ -76,7 +92,7 @@ def engine_overrides(args: argparse.Namespace) -> dict:
     out = {"max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
            "max_num_batched_tokens": args.max_num_batched_tokens,
            "gpu_memory_utilization": args.gpu_memory_utilization,
-           "enable_prefix_caching": args.enable_prefix_caching}
+           "enable_prefix_caching": args.enable_prefix_caching, "speculative_config": args.speculative_config}
     out = {k: v for k, v in out.items() if v is not None}
     if args.enforce_eager:
         out["enable_cuda_graphs"] = False

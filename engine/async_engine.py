@@ -121,13 +121,17 @@ class _Group:
 MAX_PENDING_CACHE_EVENTS = 4096  # a reader further behind gets one "reset" instead (and resyncs)
 
 _COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions",
-             "invariant_violations")  # LLMEngine.stats()
+             "invariant_violations", "spec_verify_rows", "spec_draft_tokens", "spec_accepted_tokens")  # stats()
+_SPEC_POS = "spec_accepted_tokens_pos"  # + draft position: accepted tokens there (stats())
 
 
 def engine_counters(engine) -> dict[str, int]:
-    """Cumulative engine counters from `engine.stats()` (0 for any it does not keep)."""
+    """Cumulative engine counters from `engine.stats()` (0 for any it does not keep), the
+    speculative per-position counts included."""
     stats = engine.stats() if hasattr(engine, "stats") else {}
-    return {k: int(stats.get(k, 0)) for k in _COUNTERS}
+    counters = {k: int(stats.get(k, 0)) for k in _COUNTERS}
+    counters.update({k: int(v) for k, v in stats.items() if k.startswith(_SPEC_POS)})
+    return counters
 
 
 class AsyncLLMEngine:
@@ -394,7 +398,7 @@ class AsyncLLMEngine:
 
     def _update_counters(self) -> None:
         now = engine_counters(self.engine)
-        grew = {k: max(0, now[k] - self._counters.get(k, 0)) for k in _COUNTERS}
+        grew = {k: max(0, now[k] - self._counters.get(k, 0)) for k in now}
         self._counters = now
         m = self.metrics
         m.prefix_queries.inc(grew["prefix_query_tokens"])
@@ -402,3 +406,9 @@ class AsyncLLMEngine:
         m.prefix_hits["checkpoint"].inc(grew["checkpoint_hit_tokens"])
         m.preemptions.inc(grew["preemptions"])
         m.invariant_violations.inc(grew["invariant_violations"])
+        m.spec_drafts.inc(grew["spec_verify_rows"])
+        m.spec_draft_tokens.inc(grew["spec_draft_tokens"])
+        m.spec_accepted_tokens.inc(grew["spec_accepted_tokens"])
+        for key, n in grew.items():
+            if key.startswith(_SPEC_POS) and n:
+                m.spec_accepted_at(int(key[len(_SPEC_POS):])).inc(n)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .spec.config import SpeculativeConfig
+
 if TYPE_CHECKING:
     from ..mem_cache import PoolOptions
 
@@ -46,6 +48,8 @@ class EngineConfig:
     cuda_graph_max_batch: int | None = None  # largest decode batch run through a graph; default max_num_seqs
     async_scheduling: bool = True  # queue step N+1 before reading step N's tokens back (tp = 1)
     warm_up: bool = True  # compile every kernel shape at start-up, before serving (CUDA)
+    # speculative decoding: None (off), or a dict / SpeculativeConfig (engine/spec/config.py)
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -53,6 +57,7 @@ class EngineConfig:
         for name, value in DEVICE_DEFAULTS[self.device.split(":")[0]].items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.from_value(self.speculative_config))
         if self.cuda_graph_max_batch is None:
             object.__setattr__(self, "cuda_graph_max_batch", self.max_num_seqs)
 
@@ -81,9 +86,13 @@ class EngineConfig:
         """The settings that size the pools (mem_cache.plan_pools)."""
         from ..mem_cache import PoolOptions
 
+        spec = self.speculative_config
+
         return PoolOptions(page_size=self.page_size, max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                            model_max_len=model_max_len, state_pool_fraction=self.state_pool_fraction,
                            state_checkpoint_interval=self.state_checkpoint_interval,
                            enable_prefix_cache=self.enable_prefix_caching,
                            num_kv_pages_override=self.num_kv_pages_override,
-                           num_state_slots_override=self.num_state_slots_override)
+                           num_state_slots_override=self.num_state_slots_override,
+                           spec_scratch_rows=spec.verify_rows(self.max_num_seqs) if spec else 0,
+                           spec_scratch_steps=spec.num_speculative_tokens if spec else 0)

@@ -22,6 +22,8 @@ from .runner import Shard, StepPlan
 from .sampler import adjust_logits, record_logprobs, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
+from .spec.decoder import SpecDecoder
+from .spec.verify import VerifyRows, complete_verify
 from .tokenizer import eos_token_ids
 from .validation import ModelLimits, validate_prompt
 
@@ -35,6 +37,7 @@ class _Launched:
     sampling: list[Request]
     tokens: PendingHostCopy | None = None
     logits: torch.Tensor | None = None  # kept when a request wants logprobs
+    verify: VerifyRows | None = None  # a speculative verify step: its drafts and scratch rows
 
     @property
     def needs_logits(self) -> bool:
@@ -80,6 +83,12 @@ class LLMEngine:
         # sampled tokens on the device: ModelRunner.execute)
         self.overlap = config.async_scheduling
         self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
+        self.spec: SpecDecoder | None = None  # speculative decoding (engine/spec/)
+        if config.speculative_config is not None:
+            rows = self.pool_setup.scratch_rows if layout.num_state_layers else \
+                config.speculative_config.verify_rows(config.max_num_seqs)
+            self.spec = SpecDecoder(config.speculative_config, int(self.hf_config.vocab_size), rows,
+                                    self.device.type)
 
     @property
     def max_model_len(self) -> int:
@@ -110,6 +119,8 @@ class LLMEngine:
             return
         req.finish_reason = "abort"
         self.scheduler.finish(req)
+        if self.spec is not None:
+            self.spec.forget(seq_id)
         if not self.scheduler.has_unfinished():
             self._execute(self._plan([]))  # no next step will carry the release: apply it now
 
@@ -132,7 +143,16 @@ class LLMEngine:
                 "prefix_query_tokens": cache.prefix_query_tokens, "kv_hit_tokens": cache.kv_hit_tokens,
                 "checkpoint_hit_tokens": cache.checkpoint_hit_tokens, "evicted_pages": cache.evicted_pages,
                 "evicted_checkpoints": cache.evicted_checkpoints, "preemptions": self.scheduler.num_preemptions,
-                "invariant_violations": self.num_invariant_violations}
+                "invariant_violations": self.num_invariant_violations, **self._spec_stats()}
+
+    def _spec_stats(self) -> dict[str, float]:
+        if self.spec is None:
+            return {}
+        st = self.spec.stats
+        out = {"spec_verify_rows": st.num_verify_rows, "spec_draft_tokens": st.num_draft_tokens,
+               "spec_accepted_tokens": st.num_accepted_tokens}
+        out.update({f"spec_accepted_tokens_pos{i}": n for i, n in enumerate(st.accepted_per_position)})
+        return out
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
@@ -150,6 +170,8 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """One step: schedule -> queue on the shard(s) -> finish the previous step (or, without
         overlap, this one). Returns the requests that got a token (finished ones included)."""
+        if self.spec is not None and self._speculates():
+            return self._verify_step()
         chunks = self.scheduler.schedule()
         launched = self._launch(chunks)
         outputs = self._complete(self._inflight) if self._inflight is not None else []
@@ -165,6 +187,37 @@ class LLMEngine:
         if self.config.check_integrity and not self.has_unfinished():
             self._check_idle_invariants()
         return outputs
+
+    def _speculates(self) -> bool:
+        """Does the adaptive depth want drafts for some decoding request this step?"""
+        running = self.scheduler.running
+        candidates = [r for r in running if r.num_tokens_to_compute == 1 and not r.sampled_last_token]
+        return bool(self.spec.wants_drafts(candidates, len(running)))
+
+    def _verify_step(self) -> list[Request]:
+        """A step with speculative drafts. Host drafters need each request's last token, so
+        the step in flight is read back first and this one completes before the next is
+        planned (no overlap while speculating: engine/spec/__init__.py)."""
+        outputs = self._complete(self._inflight) if self._inflight is not None else []
+        self._inflight = None
+        candidates = self.scheduler.decode_candidates()
+        drafts = self.spec.propose(self.spec.wants_drafts(candidates, len(self.scheduler.running)))
+        chunks = self.scheduler.schedule(drafts)
+        launched = self._launch(chunks)
+        self.scheduler.after_step(chunks)
+        for req in launched.sampling:
+            if not req.finished:
+                req.num_pending_tokens += 1
+        outputs += self._complete(launched)
+        if self.config.check_integrity and not self.has_unfinished():
+            self._check_idle_invariants()
+        return outputs
+
+    def _finish(self, req: Request) -> None:
+        self.scheduler.finish(req)
+        self.requests.pop(req.request_id, None)
+        if self.spec is not None:
+            self.spec.forget(req.request_id)
 
     def _check_idle_invariants(self) -> None:
         """Idle: the pools' used pages and slots are exactly the prefix tree's (counts only,
@@ -184,12 +237,17 @@ class LLMEngine:
         sampling = [c.request for c in chunks if c.samples]
         if not sampling:
             return _Launched(sampling)
+        needs_logits = any(r.logprobs is not None for r in sampling)
+        if plan.sample_counts:  # verify: every verified position samples, as plain decoding would
+            verify = VerifyRows.of(chunks, plan.sample_counts)
+            logits = adjust_logits(logits, verify.row_requests, verify.row_offsets)
+            tokens = sample(logits, verify.row_requests, verify.row_offsets)  # [sum counts]
+            return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None, verify)
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
         logits = adjust_logits(logits, sampling)
         tokens = sample(logits, sampling)  # [S] on the device
         self.runner.record_sampled(plan, tokens)
-        needs_logits = any(r.logprobs is not None for r in sampling)
         return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None)
 
     def _complete(self, launched: "_Launched") -> list[Request]:
@@ -197,6 +255,8 @@ class LLMEngine:
         if not launched.sampling:
             return []
         tokens = launched.tokens.wait().tolist()
+        if launched.verify is not None:
+            return complete_verify(self, launched.verify, tokens, launched.logits)
         if launched.logits is not None:
             record_logprobs(launched.logits, tokens, launched.sampling)
         outputs = []
@@ -206,27 +266,35 @@ class LLMEngine:
             req.num_pending_tokens -= 1
             req.append_token(token)
             if req.finish_reason is not None:
-                self.scheduler.finish(req)
-                self.requests.pop(req.request_id, None)
+                self._finish(req)
             outputs.append(req)
         return outputs
 
     def _plan(self, chunks: list[ScheduledChunk]) -> StepPlan:
         pre_ops, post_ops = self.cache.take_ops()
         plan = StepPlan(pre_ops=pre_ops, post_ops=post_ops)
+        counts, verify_row = [], 0
+        scratch = self.pool_setup.scratch_rows > 0
         for batch_row, chunk in enumerate(chunks):
-            req, start = chunk.request, chunk.request.num_computed_tokens
+            req, start, n = chunk.request, chunk.request.num_computed_tokens, chunk.num_real_tokens
             plan.req_rows.append(req.alloc.req_row)
             plan.prefix_lens.append(start)
             plan.extend_lens.append(chunk.num_tokens)
-            ids = req.token_ids[start : start + chunk.num_tokens]
-            if len(ids) < chunk.num_tokens:
-                ids = ids + [-1] * (chunk.num_tokens - len(ids))  # -1: pending, on the device
+            ids = req.token_ids[start : start + n]
+            if len(ids) < n:
+                ids = ids + [-1] * (n - len(ids))  # -1: pending, on the device
                 plan.has_pending = True
-            plan.input_ids.extend(ids)
+            plan.input_ids.extend(ids + chunk.draft_tokens)
             if chunk.samples:
                 plan.sample_rows.append(batch_row)
+                counts.append(1 + len(chunk.draft_tokens))
             plan.checkpoints.extend((batch_row, offset, slot) for offset, slot in chunk.checkpoints)
+            if chunk.draft_tokens and scratch:  # the state after each but the last verified token
+                plan.checkpoints.extend((batch_row, step + 1, self.pool_setup.scratch_slot(verify_row, step))
+                                        for step in range(len(chunk.draft_tokens)))
+                verify_row += 1
+        if any(c > 1 for c in counts):
+            plan.sample_counts = counts
         return plan
 
     def reset_prefix_cache(self) -> None:

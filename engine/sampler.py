@@ -14,11 +14,14 @@ from .request import Request
 MIN_TEMPERATURE = 1e-5  # below this, sampling is greedy (dividing by it overflows)
 
 
-def adjust_logits(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+def adjust_logits(logits: torch.Tensor, requests: list[Request], output_offsets: list[int] | None = None
+                  ) -> torch.Tensor:
     """What the requests ask of their logits before sampling: each `logit_bias` added, and
     the stop tokens of requests short of `min_tokens` set to -inf. A copy (logits itself when
     no request asks anything); one indexed add for all biases of the batch. A request's
-    `num_output_tokens` counts the tokens it sampled before."""
+    `num_output_tokens` counts the tokens it sampled before; `output_offsets[b]` (speculative
+    verify: row b is the request's i-th verified position) adds to it."""
+    offsets = output_offsets or [0] * len(requests)
     bias_rows, bias_cols, bias_vals = [], [], []
     for b, r in enumerate(requests):
         if r.params.logit_bias:
@@ -26,7 +29,7 @@ def adjust_logits(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor
             bias_cols += list(r.params.logit_bias)
             bias_vals += list(r.params.logit_bias.values())
     banned_rows = [(b, list(r.stop_token_set())) for b, r in enumerate(requests)
-                   if r.num_output_tokens < r.params.min_tokens and r.stop_token_set()]
+                   if r.num_output_tokens + offsets[b] < r.params.min_tokens and r.stop_token_set()]
     if not bias_rows and not banned_rows:
         return logits
     logits = logits.clone()
@@ -39,13 +42,15 @@ def adjust_logits(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor
     return logits
 
 
-def sample(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    """logits: [B, V] fp32 (after `adjust_logits`), row b for requests[b]. Returns the
-    sampled token ids [B] (int64, on logits' device) without waiting for the device on GPU:
-    greedy rows take one batched argmax, any other batch one sampling kernel; on the host
-    path seeded rows draw from their own generators."""
+def sample(logits: torch.Tensor, requests: list[Request], output_offsets: list[int] | None = None) -> torch.Tensor:
+    """logits: [B, V] fp32 (after `adjust_logits`), row b for requests[b], which samples its
+    output token number num_output_tokens + output_offsets[b] (default 0; a request appears
+    once per verified position in a speculative step). Returns the sampled token ids [B]
+    (int64, on logits' device) without waiting for the device on GPU: greedy rows take one
+    batched argmax, any other batch one sampling kernel; on the host path seeded rows draw
+    from their own generators, in row order."""
     if use_triton(logits) and any(not r.params.greedy for r in requests):
-        return _sample_batched(logits, requests)
+        return _sample_batched(logits, requests, output_offsets or [0] * len(requests))
     return _sample_rows(logits, requests)
 
 
@@ -54,11 +59,16 @@ def record_logprobs(logits: torch.Tensor, tokens: list[int], requests: list[Requ
     the logits it was sampled from."""
     for b, req in enumerate(requests):
         if req.logprobs is not None and not req.finished:
-            req.logprobs.append(_logprobs(logits[b], tokens[b], req.params.logprobs))
-            req.cumulative_logprob += req.logprobs[-1][tokens[b]].logprob
+            record_logprob(req, logits[b], tokens[b])
 
 
-def _sample_batched(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+def record_logprob(req: Request, logits_row: torch.Tensor, token: int) -> None:
+    """Append the request's logprobs entry for `token`, sampled from logits_row [V]."""
+    req.logprobs.append(_logprobs(logits_row, token, req.params.logprobs))
+    req.cumulative_logprob += req.logprobs[-1][token].logprob
+
+
+def _sample_batched(logits: torch.Tensor, requests: list[Request], output_offsets: list[int]) -> torch.Tensor:
     """One kernel for the whole batch (GPU): per-row parameters, Gumbel-max noise from
     (request seed, token index), so a seeded request samples the same tokens in any batch."""
     params = [r.params for r in requests]
@@ -66,7 +76,7 @@ def _sample_batched(logits: torch.Tensor, requests: list[Request]) -> torch.Tens
     floats = to_device([0.0 if p.temperature < MIN_TEMPERATURE else p.temperature for p in params]
                        + [p.top_p for p in params] + [p.min_p for p in params], torch.float32, device)
     ints = to_device([p.top_k for p in params] + [(r.seed or 0) & (2**62 - 1) for r in requests]
-                     + [r.num_output_tokens for r in requests], torch.int64, device)
+                     + [r.num_output_tokens + o for r, o in zip(requests, output_offsets)], torch.int64, device)
     temperature, top_p, min_p = floats.view(3, -1)
     top_k, seeds, offsets = ints.view(3, -1)
     return sample_tokens(logits, temperature, top_k, top_p, min_p, seeds, offsets,

@@ -27,15 +27,23 @@ from .request import Request, RequestStatus
 @dataclass
 class ScheduledChunk:
     request: Request
-    num_tokens: int
+    num_tokens: int  # tokens computed this step, draft tokens included
     # (offset inside the chunk, state slot): the state after `offset` of its tokens goes to
     # the slot (0 < offset < num_tokens; a checkpoint at the chunk's end is a post-step copy)
     checkpoints: list[tuple[int, int]] = field(default_factory=list)
+    # speculative verify: the drafts computed after the request's last token (num_tokens =
+    # 1 + len(draft_tokens)); the step samples the target at each of those positions
+    draft_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_real_tokens(self) -> int:
+        """Tokens of the request's own (not drafts)."""
+        return self.num_tokens - len(self.draft_tokens)
 
     @property
     def samples(self) -> bool:
         """True when this chunk brings the request to the end of its tokens."""
-        return self.num_tokens == self.request.num_tokens_to_compute
+        return self.num_real_tokens == self.request.num_tokens_to_compute
 
 
 class Scheduler:
@@ -87,9 +95,19 @@ class Scheduler:
                 chunk.checkpoints.append((position - start, slot))
 
     # ----- the step ----------------------------------------------------------------------
-    def schedule(self) -> list[ScheduledChunk]:
+    def decode_candidates(self) -> list[Request]:
+        """Running requests that decode this step with their last token known on the host:
+        those that can verify drafts."""
+        return [r for r in self.running
+                if r.num_tokens_to_compute == 1 and not r.num_pending_tokens and not r.sampled_last_token]
+
+    def schedule(self, drafts: dict[Request, list[int]] | None = None) -> list[ScheduledChunk]:
+        """This step's chunks. `drafts`: speculative draft tokens of decoding requests; a request
+        verifies them when the budget and free KV pages allow (drafts never preempt anyone:
+        without room the request decodes plainly)."""
         budget = self.config.max_num_batched_tokens
         plan: list[ScheduledChunk] = []
+        drafts = drafts or {}
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -97,11 +115,14 @@ class Scheduler:
                 i += 1
                 continue
             n = self._chunk_len(req, budget)
+            draft = drafts.get(req, [])[: budget - n] if n == req.num_tokens_to_compute == 1 else []
+            if draft and not self.cache.ensure_kv(req.alloc, req.num_computed_tokens + n + len(draft)):
+                draft = []
             if not self._ensure_kv_or_preempt(req, n):
                 self._preempt(req)  # nothing newer left to preempt: it waits itself
                 continue
-            plan.append(ScheduledChunk(req, n))
-            budget -= n
+            plan.append(ScheduledChunk(req, n + len(draft), draft_tokens=draft))
+            budget -= n + len(draft)
             i += 1
         view = self.load_view()
         while self.waiting and budget > 0 and self.admission.can_start(view).admitted:
@@ -130,7 +151,8 @@ class Scheduler:
                            num_free_req_rows=self.cache.rows.num_free)
         if self.config.enable_prefix_caching:
             for chunk in plan:
-                self._schedule_checkpoints(chunk)
+                if not chunk.draft_tokens:  # verify: checkpoints follow acceptance (engine.py)
+                    self._schedule_checkpoints(chunk)
         return plan
 
     def _ensure_kv_or_preempt(self, req: Request, n: int) -> bool:
@@ -157,7 +179,7 @@ class Scheduler:
             req = chunk.request
             if req.finished:
                 continue
-            req.num_computed_tokens += chunk.num_tokens
+            req.num_computed_tokens += chunk.num_real_tokens  # accepted drafts: when read back
             if req.alloc.pending_checkpoints:
                 self.cache.commit_checkpoints(req.alloc, req.token_ids)
 

@@ -151,6 +151,34 @@ class CacheManager:
         alloc.pages.extend(pages)
         return True
 
+    def trim_kv(self, alloc: RequestAlloc, seq_len: int) -> None:
+        """Free the request's own pages past the first `seq_len` positions (KV of rejected
+        speculative drafts). Their req_to_token entries are rewritten before any read: a
+        position is mapped again (ensure_kv) before its token is computed."""
+        keep = max(-(-seq_len // self.page_size), alloc.num_tree_pages)
+        if keep < len(alloc.pages):
+            self.pages.free(alloc.pages[keep:])
+            del alloc.pages[keep:]
+
+    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int]) -> None:
+        """After a verify step (before the next forward): state_slots[v] <- speculative scratch
+        [v, accepted_steps[v]] in every state layer (mem_cache/ops.py "commit")."""
+        self.pre_ops.commit_verified(state_slots=state_slots, accepted_steps=accepted_steps)
+
+    def checkpoint_from(self, alloc: RequestAlloc, position: int, src_state_slot: int) -> bool:
+        """Take a checkpoint of the request at `position` (a page boundary its computed tokens
+        reached) from the state held in `src_state_slot` (a speculative scratch row, or the
+        request's own slot), copied before the next forward; then donate it with
+        `commit_checkpoints`. False (nothing taken) when no slot is free or not a boundary."""
+        if not self.enable_prefix_cache or position % self.page_size or not self.needs_state:
+            return False
+        slot = self._alloc_state_slot()
+        if slot is None:
+            return False
+        self.pre_ops.copy(src_state_slot, slot)
+        alloc.pending_checkpoints.append((position, slot))
+        return True
+
     def schedule_checkpoint(self, alloc: RequestAlloc, position: int, copy_after_step: bool) -> int | None:
         """Take a state checkpoint of the request at `position` this step: returns the slot it
         goes to (None, and nothing taken, if it is not a page boundary or no slot is free).

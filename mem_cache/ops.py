@@ -6,11 +6,16 @@ step sees its old contents copied out before it is reset.
     ("kv", req_row, start_pos, kv_slots)  req_to_token[req_row, start_pos:...] = kv_slots
     ("reset", state_slot)                 zero a state slot (fresh request)
     ("copy", src_state_slot, dst_state_slot)  state and layout tag, every layer
+    ("commit", state_slots, accepted_steps)   after a verify step: state_slots[v] <- speculative
+                                          scratch[v, accepted_steps[v]] (StatePool.commit_verified)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from ..device_io import to_device
 from .req_table import RequestRowTable
 from .state_pool import StatePool
 
@@ -31,6 +36,13 @@ class CacheOps:
     def copy(self, src_state_slot: int, dst_state_slot: int) -> None:
         self.ops.append(("copy", src_state_slot, dst_state_slot))
 
+    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int]) -> None:
+        """Verify rows v = 0.. in scratch order; state_slots[v] = -1 skips a row (finished or
+        aborted), accepted_steps[v] outside the scratch skips it too (all drafts accepted)."""
+        if len(state_slots) != len(accepted_steps):
+            raise ValueError(f"{len(state_slots)} state slots for {len(accepted_steps)} accepted steps")
+        self.ops.append(("commit", list(state_slots), list(accepted_steps)))
+
     def __bool__(self) -> bool:
         return bool(self.ops)
 
@@ -48,5 +60,9 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
         elif kind == "copy":
             if state_pool is not None:
                 state_pool.copy(op[1], op[2])
+        elif kind == "commit":
+            if state_pool is not None and op[1]:
+                values = to_device(op[1] + op[2], torch.int64, state_pool.conv_states.device)
+                state_pool.commit_verified(state_slots=values[: len(op[1])], accepted_steps=values[len(op[1]):])
         else:
             raise ValueError(f"unknown cache op {op!r}")

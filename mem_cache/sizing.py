@@ -43,6 +43,8 @@ class PoolOptions:
     enable_prefix_cache: bool
     num_kv_pages_override: int | None = None  # exact sizes instead of the budget split
     num_state_slots_override: int | None = None
+    spec_scratch_rows: int = 0  # speculative decoding: verify rows with state scratch ...
+    spec_scratch_steps: int = 0  # ... of this many steps each (taken from the budget first)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class PoolSetup:
     max_model_len: int
     page_size: int
     checkpoints_per_request: int
+    scratch_rows: int = 0  # speculative scratch (StatePool): verify rows x steps, after the slots
+    scratch_steps: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_kv_pages", "num_state_slots", "num_req_rows", "max_model_len", "page_size"):
@@ -71,6 +75,14 @@ class PoolSetup:
         if self.num_state_slots < 1 + self.checkpoints_per_request:
             raise ValueError(f"{self.num_state_slots} state slots cannot hold one request's own slot and its "
                              f"prefix-cache checkpoints ({1 + self.checkpoints_per_request})")
+
+    def scratch_slot(self, verify_row: int, step: int) -> int:
+        """The state-pool row of speculative scratch (verify row, step): after the slots
+        (StatePool.scratch_slot, the same formula)."""
+        if not (0 <= verify_row < self.scratch_rows and 0 <= step < self.scratch_steps):
+            raise ValueError(f"scratch ({verify_row}, {step}) outside {self.scratch_rows} rows x "
+                             f"{self.scratch_steps} steps")
+        return self.num_state_slots + 1 + verify_row * self.scratch_steps + step
 
 
 # Page ids of a model without attention layers are bookkeeping only (the prefix tree still
@@ -118,6 +130,13 @@ def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int,
 def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> PoolSetup:
     """Pool sizes and max_model_len from one budget (or the explicit overrides)."""
     o, page_bytes, slot_bytes = options, layout.kv_bytes_per_page, layout.state_bytes_per_slot
+    scratch_rows, scratch_steps = (o.spec_scratch_rows, o.spec_scratch_steps) if slot_bytes else (0, 0)
+    scratch_bytes = scratch_rows * scratch_steps * slot_bytes
+    if scratch_bytes >= budget_bytes:
+        raise ValueError(f"speculative scratch of {scratch_rows} verify rows x {scratch_steps} steps needs "
+                         f"{scratch_bytes} B of the {budget_bytes} B cache budget: lower num_speculative_tokens "
+                         f"or the speculative max_num_seqs, or raise the budget")
+    budget_bytes -= scratch_bytes
     max_model_len = o.max_model_len
     if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
         state_part = min(int(budget_bytes * o.state_pool_fraction), o.max_num_seqs * slot_bytes)
@@ -136,4 +155,5 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
                            max_requests=o.max_num_seqs)
         num_pages, num_slots = sizes.num_kv_pages, sizes.num_state_slots
     return PoolSetup(num_kv_pages=num_pages, num_state_slots=num_slots, num_req_rows=o.max_num_seqs,
-                     max_model_len=max_model_len, page_size=o.page_size, checkpoints_per_request=ckpts)
+                     max_model_len=max_model_len, page_size=o.page_size, checkpoints_per_request=ckpts,
+                     scratch_rows=scratch_rows, scratch_steps=scratch_steps)

@@ -12,14 +12,30 @@ prefix-cache checkpoints get slots 1..N (host bookkeeping in `CacheManager`). La
                   (absent for short-conv layers)
     layout_tag  : [N+1] int8                        0 = the reference layout
 
-A kernel that keeps a slot in another layout sets its tag; `copy` and `reset` move the tag
-together with the state, in every layer, conv and SSM.
+A kernel that keeps a slot in another layout sets its tag; `copy`, `reset` and
+`commit_verified` move the tag together with the state, in every layer, conv and SSM.
+
+Speculative scratch: `scratch_rows x scratch_steps` more rows after slot N, never allocated.
+A verify step's state kernels write the state after each of a verifying row's first
+`scratch_steps` tokens there (as prefix-cache checkpoints, through `scratch_slot`), so the
+same rows, viewed as `[L, scratch_rows, scratch_steps, ...]`, are the DESIGN's scratch::
+
+    rows 1..N                         state slots (requests, checkpoints)
+    rows N+1 + v*S + s                verify row v, step s: the state after its token s
+                                      (s = 0: after the row's last real token, s = k: after draft k)
+
+After acceptance `commit_verified` copies `scratch[v, accepted]` into each row's slot in every
+layer at once. A row whose drafts were all accepted needs nothing (the in-place state after
+all K+1 tokens is right): its step is out of range and skipped, as is a row whose slot is <= 0.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from ..kernels.state_ops import commit_verified_state, commit_verified_state_ref
+from ..kernels.switch import use_triton
 
 
 @dataclass(frozen=True)
@@ -44,23 +60,65 @@ class StateSpec:
 
 
 class StatePool:
-    def __init__(self, num_slots: int, num_layers: int, spec: StateSpec, device: torch.device | str) -> None:
+    def __init__(self, num_slots: int, num_layers: int, spec: StateSpec, device: torch.device | str,
+                 scratch_rows: int = 0, scratch_steps: int = 0) -> None:
         if num_slots < 1:
             raise ValueError(f"state pool needs >= 1 usable slot, got {num_slots}")
+        if scratch_rows < 0 or scratch_steps < 0:
+            raise ValueError(f"scratch_rows and scratch_steps must be >= 0, got {scratch_rows}, {scratch_steps}")
         self.num_slots = num_slots
         self.num_layers = num_layers
         self.spec = spec
-        self.conv_states = torch.zeros(num_layers, num_slots + 1, spec.conv_dim, spec.conv_width,
+        self.scratch_rows, self.scratch_steps = scratch_rows, scratch_steps
+        total = num_slots + 1 + scratch_rows * scratch_steps
+        self.conv_states = torch.zeros(num_layers, total, spec.conv_dim, spec.conv_width,
                                        dtype=spec.conv_dtype, device=device)
         self.ssm_states = None
         if spec.ssm_shape is not None:
-            self.ssm_states = torch.zeros(num_layers, num_slots + 1, *spec.ssm_shape, dtype=spec.ssm_dtype,
-                                          device=device)
-        self.layout_tag = torch.zeros(num_slots + 1, dtype=torch.int8, device=device)
+            self.ssm_states = torch.zeros(num_layers, total, *spec.ssm_shape, dtype=spec.ssm_dtype, device=device)
+        self.layout_tag = torch.zeros(total, dtype=torch.int8, device=device)
 
-    def _check(self, state_slot: int) -> None:
-        if not 0 < state_slot <= self.num_slots:
-            raise ValueError(f"state slot {state_slot} out of range 1..{self.num_slots}")
+    # ----- speculative scratch -----------------------------------------------------------
+    def scratch_slot(self, verify_row: int, step: int) -> int:
+        """The pool row holding verify row `verify_row`'s state after its token `step`."""
+        if not (0 <= verify_row < self.scratch_rows and 0 <= step < self.scratch_steps):
+            raise ValueError(f"scratch ({verify_row}, {step}) outside {self.scratch_rows} rows x "
+                             f"{self.scratch_steps} steps")
+        return self.num_slots + 1 + verify_row * self.scratch_steps + step
+
+    def _scratch_view(self, states: torch.Tensor) -> torch.Tensor:
+        """[L, N+1+R*S, *F] -> the scratch rows as [L, R, S, *F]."""
+        return states[:, self.num_slots + 1:].view(states.shape[0], self.scratch_rows, self.scratch_steps,
+                                                   *states.shape[2:])
+
+    def commit_verified(self, *, state_slots: torch.Tensor, accepted_steps: torch.Tensor) -> None:
+        """After a verify step, in every state layer (conv windows and SSM states) and with the
+        layout tag: `state_slots[v] <- scratch[v, accepted_steps[v]]` for each verify row v.
+        state_slots, accepted_steps: [V] int64 on the pool's device, V <= scratch_rows; a row
+        with state_slots[v] <= 0 (finished / aborted) or accepted_steps[v] outside
+        [0, scratch_steps) (all drafts accepted: the in-place state is right) is skipped."""
+        if state_slots.shape != accepted_steps.shape or state_slots.dim() != 1:
+            raise ValueError(f"state_slots {tuple(state_slots.shape)} and accepted_steps "
+                             f"{tuple(accepted_steps.shape)} must be equal 1-d shapes")
+        if state_slots.shape[0] > self.scratch_rows:
+            raise ValueError(f"{state_slots.shape[0]} verify rows, the scratch has {self.scratch_rows}")
+        if state_slots.shape[0] == 0 or self.scratch_steps == 0:
+            return
+        commit = commit_verified_state if use_triton(self.conv_states) else commit_verified_state_ref
+        for states in (self.conv_states, self.ssm_states):
+            if states is not None and states[0, 0].numel():
+                commit(states[:, : self.num_slots + 1], self._scratch_view(states), state_slots, accepted_steps)
+        # the tag moves with the state; skipped rows copy slot 0's tag onto itself (no host sync)
+        rows = torch.arange(state_slots.shape[0], device=state_slots.device)
+        valid = (state_slots > 0) & (state_slots <= self.num_slots) & (accepted_steps >= 0) \
+            & (accepted_steps < self.scratch_steps)
+        src = torch.where(valid, self.num_slots + 1 + rows * self.scratch_steps + accepted_steps, 0)
+        self.layout_tag[torch.where(valid, state_slots, 0)] = self.layout_tag[src]
+
+    def _check(self, state_slot: int, allow_scratch: bool = False) -> None:
+        last = self.num_slots + (self.scratch_rows * self.scratch_steps if allow_scratch else 0)
+        if not 0 < state_slot <= last:
+            raise ValueError(f"state slot {state_slot} out of range 1..{last}")
 
     def reset(self, state_slot: int) -> None:
         """Zero a slot (a request starting from no state) and give it the reference layout."""
@@ -71,8 +129,9 @@ class StatePool:
         self.layout_tag[state_slot : state_slot + 1].zero_()  # (`[i] = 0` would copy from the host and sync)
 
     def copy(self, src_state_slot: int, dst_state_slot: int) -> None:
-        """dst <- src in every layer, conv and SSM, with the layout tag (copy-on-write, fork)."""
-        self._check(src_state_slot)
+        """dst <- src in every layer, conv and SSM, with the layout tag (copy-on-write, fork;
+        src may be a speculative scratch row: a checkpoint of accepted tokens)."""
+        self._check(src_state_slot, allow_scratch=True)
         self._check(dst_state_slot)
         self.conv_states[:, dst_state_slot] = self.conv_states[:, src_state_slot]
         if self.ssm_states is not None:

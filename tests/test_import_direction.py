@@ -49,7 +49,8 @@ def _closure(room: str) -> set[str]:
 def _modules():
     for dirpath, dirnames, filenames in os.walk(ROOT):
         rel = os.path.relpath(dirpath, ROOT)
-        if rel.split(os.sep)[0] in ("tests", "benchmarks", "build", ".git") or "egg-info" in rel:
+        top = rel.split(os.sep)[0]
+        if top in ("tests", "benchmarks", "build") or top.startswith(".") and top != "." or "egg-info" in rel:
             dirnames[:] = []
             continue
         for name in filenames:

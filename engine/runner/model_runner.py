@@ -94,6 +94,11 @@ class ModelRunner:
         hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
         if not plan.sample_rows:
             return None
+        if plan.sample_counts:  # verify rows: the logits of each row's last `count` tokens
+            cu = fb.plan.cu_seqlens
+            token_index = [t for b, count in zip(plan.sample_rows, plan.sample_counts)
+                           for t in range(cu[b + 1] - count, cu[b + 1])]
+            return self.model.compute_logits(hidden[to_device(token_index, torch.int64, self.device)])
         sample_batch_rows = to_device(plan.sample_rows, torch.int64, self.device)
         return self.model.compute_logits(hidden[fb.logits_indices[sample_batch_rows]])  # [S, V]
 
@@ -105,7 +110,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
-        """Returns fp32 logits [len(plan.sample_rows), V], or None when nothing samples."""
+        """Returns fp32 logits [plan.num_logits, V], or None when nothing samples."""
         apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
         if plan.has_pending:
             broadcast_from_rank0(self.last_tokens)

@@ -62,7 +62,7 @@ class Shard:
                          kv.num_kv_heads if kv else 1, kv.head_dim if kv else 1, kv.v_head_dim if kv else 1,
                          self.dtype, self.device)
         state_pool = StatePool(setup.num_state_slots, max(layout.num_state_layers, 1), layout.state_spec,
-                               self.device)
+                               self.device, scratch_rows=setup.scratch_rows, scratch_steps=setup.scratch_steps)
         table = RequestRowTable(setup.num_req_rows, setup.max_model_len, self.device)
         graph_batch = decode_graph_max_batch(cfg.enable_cuda_graphs, cfg.cuda_graph_max_batch, setup.num_req_rows,
                                              self.device)

@@ -8,6 +8,8 @@ within it; the host keeps everything else).
                 the previous step sampled for that request row, still on the device
     has_pending : some input id is -1 (ranks > 0 first receive rank 0's sampled tokens)
     sample_rows : batch rows whose last token's logits are wanted
+    sample_counts : per sample row, how many of its last tokens' logits are wanted (speculative
+                  verify: 1 + drafts); empty = 1 each. Logits come back row after row.
     checkpoints : (batch row, offset, state slot): the state kernels write the state after
                   `offset` of that row's tokens into the slot (prefix-cache checkpoints
                   inside the step's tokens)
@@ -29,7 +31,12 @@ class StepPlan:
     input_ids: list[int] = field(default_factory=list)
     has_pending: bool = False
     sample_rows: list[int] = field(default_factory=list)
+    sample_counts: list[int] = field(default_factory=list)
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def num_logits(self) -> int:
+        return sum(self.sample_counts) if self.sample_counts else len(self.sample_rows)
 
     @property
     def has_forward(self) -> bool:

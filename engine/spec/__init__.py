@@ -3,46 +3,38 @@ rule (`acceptance.py`). Verify steps are ordinary steps of the scheduler: a requ
 drafts is scheduled for K+1 tokens (its last token and the drafts), mixed with prefill
 chunks and plain decodes; K may differ per request, 0 included.
 
-How verify steps and overlapped scheduling coexist (the decision)
-------------------------------------------------------------------
-Overlap stays on. The engine queues step N+1 before it reads step N back; with
-speculation the host does not know, when it plans N+1, how many of a request's drafts N
-accepted. So the accepted lengths stay on the device, and the next step's inputs are
-built there::
+How a verify step runs (engine.py `_verify_step`, verify.py)
+-------------------------------------------------------------
+    plan     a decoding request r with drafts d1..dk (batch row b, scratch row v) gets the
+             k+1 tokens [last, d1 .. dk]; plain decodes and prefill chunks share the step
+    forward  attention writes KV for all k+1 positions as usual; every state layer updates
+             r's slot in place AND writes the state after each of the first k tokens into the
+             speculative scratch (StatePool rows after the slots, viewed as
+             [L, scratch rows, K, ...]), through the same in-kernel checkpoint mechanism the
+             prefix cache uses (ForwardBatch.checkpoints: (b, step + 1, scratch_slot(v, step)))
+    sample   the target at each of the k+1 positions (the request's seed and token index, as
+             plain decoding would sample them)
+    accept   a = drafts kept (acceptance.py); outputs t0..ta, cut at a stop or max_tokens
+             exactly where plain decoding stops (drafts never run past max_tokens)
+    commit   one "commit" cache op over every state layer before the next forward:
+             state_slot[r] <- scratch[v, a] (keyword arguments, layout tag moved); a == k
+             needs none (the in-place state is right); finished or aborted rows are -1 and
+             skipped; KV pages past the accepted length are freed; a prefix-cache checkpoint
+             is taken from the scratch at every interval the accepted tokens reached
 
-    step N (verify, batch row b, request row r, K drafts):
-        inputs   [last, d1 .. dK]           K+1 tokens; KV written as usual
-        state    every state layer writes its state after each of the K+1 tokens into
-                 scratch [state layers, batch rows, K+1, ...], not in place
-        on the device, after sampling:
-          a = accepted(d, target)            0..K (acceptance.py), per row
-          state_slot[r] <- scratch[b, a]     one commit over all state layers (keyword
-                                             arguments, layout tag moved); finished or
-                                             aborted rows are skipped (negative index)
-          num_accepted[r] = a + 1            tokens the request gained
-          last_tokens[r]  = target[a]        the bonus token: the next step's input
-    step N+1 (planned before N is read back):
-        the plan marks row r "pending" (as decode rows are today: input id -1); the runner
-        takes its input token from last_tokens[r] and adds num_accepted[r] to its prefix
-        length on the device, so positions and KV slots are right without the host;
-        the host has mapped KV pages for the worst case (all K accepted)
-    when the host reads step N back (one step later):
-        it appends the accepted tokens, checks stops and max_tokens (a stop inside the
-        accepted run ends the output exactly where non-speculative decoding would, and the
-        request's step N+1 work is dropped as a finished decode's is today), releases KV
-        pages past the accepted length, and takes a prefix-cache checkpoint if the accepted
-        tokens crossed an interval.
-
-Drafts for step N+1 must exist before N+1 is queued. Device-resident drafters (MTP heads,
-a draft model) draft on the device from step N's accepted state, so they keep overlap.
-Host drafters (n-gram prompt lookup, remote suffix drafts) need step N's tokens on the
-host: a request drafting on the host verifies every other step (the step after its verify
-is a plain decode of its pending bonus token, K=0), or the engine reads step N back before
-planning N+1 when the adaptive depth says speculation pays more than overlap.
-Today (before speculation lands) every request has K=0 and num_accepted is always 1: the
-pending-token scheme of engine.py is this scheme's K=0 case.
+Overlap (the decision). The engine queues step N+1 before it reads step N back. The drafters
+here run on the host and need step N's tokens, so a step that speculates first reads back the
+step in flight and is itself read back before the next is planned: while the adaptive depth
+(depth.py) gives some request drafts, steps do not overlap; when it gives none (low
+acceptance, large batches), the engine is back to overlapped steps. The depth's cost model
+charges speculation for the lost overlap (`sync_cost`), so it is chosen only where it pays.
+Device-resident drafters (MTP heads, a draft model), when they land, can keep overlap by
+leaving the accepted lengths and bonus tokens on the device (the pending-token scheme of
+engine.py is that scheme's K = 0 case).
 """
 from .acceptance import greedy_accepted_length
+from .config import SpeculativeConfig
 from .drafter import DraftRequest, Drafter
+from .remote import RemoteDrafter
 
-__all__ = ["DraftRequest", "Drafter", "greedy_accepted_length"]
+__all__ = ["DraftRequest", "Drafter", "RemoteDrafter", "SpeculativeConfig", "greedy_accepted_length"]

@@ -1,9 +1,14 @@
 """The drafter protocol: what the engine asks of every way of proposing draft tokens.
 
-Drafters to come (the speculative-decoding issue): n-gram prompt lookup on the request's own
-tokens, MTP heads (draft step k consumes the hidden state of draft step k-1), a small draft
-model with its own pools, and remote drafts from the router's cluster-wide suffix index,
-read from a local copy (never a Ray call per decode step).
+Drafters: n-gram prompt lookup on the request's own tokens (ngram.py), remote drafts handed
+in from outside the engine and read from a local copy, never a Ray call per decode step
+(remote.py), and a synthetic drafter for benchmarks and tests (synthetic.py). To come: MTP
+heads (draft step k consumes the hidden state of draft step k-1) and a small draft model
+with its own pools.
+
+Drafts are deterministic guesses (no draft probabilities), so the acceptance rule that keeps
+the target distribution is: sample the target at every verified position and keep drafts
+while they equal the sample (acceptance.py).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ class DraftRequest:
     request_id: str
     token_ids: Sequence[int]
     num_draft_tokens: int
+    num_prompt_tokens: int = 0  # token_ids[:num_prompt_tokens] is the prompt
 
 
 class Drafter(Protocol):

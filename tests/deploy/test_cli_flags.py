@@ -46,6 +46,9 @@ SERVE_FLAGS = {
     "device": (["--device", "cuda"], lambda a, e: e.device == "cuda" and a.gpus_per_shard == 1.0),
     "replicas": (["--replicas", "3"], lambda a, e: a.replicas == 3),
     "api-key": (["--api-key", "k"], lambda a, e: a.api_key == "k"),
+    "speculative-config": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
+                           lambda a, e: (e.speculative_config.method, e.speculative_config.num_speculative_tokens)
+                           == ("ngram", 3)),
 }
 
 
@@ -60,7 +63,7 @@ def test_serve_defaults():
     app, engine = _serve()
     assert engine.enable_prefix_caching and engine.enable_cuda_graphs and not engine.trust_remote_code
     assert not app.enable_log_requests and app.chat_template is None and app.tp == 1
-    assert engine.gpu_memory_utilization == 0.85 and engine.load_format == "dummy"
+    assert engine.gpu_memory_utilization == 0.85 and engine.load_format == "auto"
 
 
 def test_chat_template_file_reaches_the_chat_renderer(tmp_path):
@@ -95,7 +98,20 @@ GENERATE_FLAGS = {
     "trust-remote-code": (["--trust-remote-code"], {"trust_remote_code": True}),
     "revision": (["--revision", "v1"], {"revision": "v1"}),
     "model": (["--model", DEMO_DIR], {"model": DEMO_DIR}),
+    "speculative-config": (["--speculative-config", '{"method": "ngram"}'], {"speculative_config": {"method": "ngram"}}),
 }
+
+
+@pytest.mark.parametrize("value, message", [("{method: ngram}", "not valid JSON"), ('["ngram"]', "a JSON object")])
+def test_bad_speculative_config_is_a_usage_error(value, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["serve", "--speculative-config", value])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_unknown_speculative_method_names_the_choices():
+    with pytest.raises(ValueError, match="speculative method must be one of ngram, remote, synthetic, got 'magic'"):
+        _serve("--speculative-config", '{"method": "magic"}')
 
 
 @pytest.mark.parametrize("flag", sorted(GENERATE_FLAGS))

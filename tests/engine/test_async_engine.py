@@ -203,3 +203,24 @@ def test_shutdown_ends_every_open_stream():
     assert all(d.finished for d in finals)
     assert all(s.finish_reason in ("abort", "length") for d in finals for s in d.seqs)
     llm.engine.cache.check_empty()
+
+
+def test_speculative_stream_and_metrics(ref_llm):
+    """With speculation, a verify step streams several tokens in one delta, the stream adds
+    up to the plain output, and the spec counters (what the dashboard's panel reads) move."""
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    ids = _ids(ref_llm)
+    want = ref_llm.generate([ids], params)[0].outputs[0].token_ids
+    spec = dict(method="synthetic", num_speculative_tokens=4, adaptive=False, acceptance_rate=1.0,
+                continuations={tuple(ids): want})
+    llm = LLM(cache_memory_bytes=32 * 1024**2, max_model_len=128, speculative_config=spec)
+    metrics = EngineMetrics("demo", "spec-test")
+    eng = AsyncLLMEngine(llm.engine, model_name="demo", replica="spec-test", metrics=metrics)
+    try:
+        texts, tokens, finish = asyncio.run(_collect(eng, ids, params, "s1"))
+    finally:
+        eng.shutdown()
+    assert tokens[0] == want and finish[0] == "length"
+    accepted = metrics.spec_accepted_tokens._value.get()
+    assert accepted >= 8 and metrics.spec_draft_tokens._value.get() >= accepted
+    assert metrics.spec_drafts._value.get() >= 2 and metrics.spec_accepted_at(3)._value.get() >= 1

@@ -1,0 +1,110 @@
+"""Speculative decoding speed on a GPU: decode tok/s with a synthetic drafter (the true
+continuation, each token right with probability 0.8, K = 4) against no speculation, in the
+same run, through the public `LLM` API; and greedy agreement of the two.
+
+    python benchmarks/spec_decode.py [--model qwen3_5_2p3b] [--batches 1,16,64] [--out DIR]
+
+Per batch size B: B prompts of `--prompt` tokens, `--tokens` greedy tokens each. The plain
+run gives the continuations the synthetic drafter proposes; decode tok/s = B * (tokens - 1)
+/ (end-to-end time - time to first token of the last request), i.e. prefill excluded.
+B = 64 runs with adaptive depth (the metric `spec_speedup_bs64_adaptive`), the others with
+K = 4 fixed. Writes one JSON per metric (metric, value, baseline, device, commit, date).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from model_configs import write_model_dir  # noqa: E402
+
+from hybrid_serve import LLM, SamplingParams  # noqa: E402
+
+
+def decode_rate(llm: LLM, prompts: list[list[int]], tokens: int) -> tuple[float, list[list[int]], float]:
+    """(decode tok/s excluding prefill, outputs, wall s)."""
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    first = max(o.metrics.first_token_time for o in outs) - min(o.metrics.arrival_time for o in outs)
+    decode_s = max(wall - first, 1e-9)
+    return len(prompts) * (tokens - 1) / decode_s, [o.outputs[0].token_ids for o in outs], wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="qwen3_5_2p3b")
+    ap.add_argument("--batches", default="1,16,64")
+    ap.add_argument("--prompt", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--acceptance", type=float, default=0.8)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    model_dir = write_model_dir(args.model, tempfile.mkdtemp())
+    device = torch.cuda.get_device_name()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    engine = dict(model=model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=64,
+                  enable_prefix_caching=False, gpu_memory_utilization=0.6)
+    gen = torch.Generator().manual_seed(0)
+    batches = [int(b) for b in args.batches.split(",")]
+    prompts = {b: [torch.randint(10, 30000, (args.prompt,), generator=gen).tolist() for _ in range(b)] for b in batches}
+    plain = LLM(**engine)
+    decode_rate(plain, prompts[batches[0]][:1], 8)  # warm
+    base = {b: decode_rate(plain, prompts[b], args.tokens)[:2] for b in batches}
+    del plain
+    torch.cuda.empty_cache()
+    continuations = {tuple(p): w for b in batches for p, w in zip(prompts[b], base[b][1])}
+    rows = []
+    for adaptive in (False, True):
+        runs = [b for b in batches if (b >= 64) == adaptive]
+        if not runs:
+            continue
+        spec_cfg = dict(method="synthetic", num_speculative_tokens=args.k, acceptance_rate=args.acceptance,
+                        adaptive=adaptive, max_num_seqs=64, continuations=continuations)
+        spec = LLM(**engine, speculative_config=spec_cfg)
+        decode_rate(spec, prompts[runs[0]][:1], 8)
+        for batch in runs:
+            before = spec.engine.stats()
+            spec_rate, got, _ = decode_rate(spec, prompts[batch], args.tokens)
+            st = {k: v - before.get(k, 0) for k, v in spec.engine.stats().items() if k.startswith("spec_")}
+            base_rate, want = base[batch]
+            metric = f"spec_speedup_bs{batch}_adaptive" if adaptive else f"spec_speedup_bs{batch}_a08_k{args.k}"
+            row = dict(metric=metric, value=round(spec_rate / base_rate, 3), unit="x", batch=batch,
+                       spec_decode_tok_s=round(spec_rate, 1), baseline_decode_tok_s=round(base_rate, 1),
+                       measured_acceptance=round(st["spec_accepted_tokens"] / max(st["spec_draft_tokens"], 1), 3),
+                       greedy_identical_fraction=sum(g == w for g, w in zip(got, want)) / batch,
+                       first16_identical=sum(g[:16] == w[:16] for g, w in zip(got, want)) / batch,
+                       verify_rows=st["spec_verify_rows"], device=device, commit=commit,
+                       date=datetime.date.today().isoformat(),
+                       workload=f"{args.model} dummy bf16, {batch} prompts x {args.prompt} tokens, {args.tokens} "
+                                f"greedy tokens, synthetic drafter acceptance {args.acceptance}, K={args.k}"
+                                + (" adaptive" if adaptive else " fixed"),
+                       baseline="no speculation, same engine settings, same run")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del spec
+        torch.cuda.empty_cache()
+    os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
+    for row in rows:
+        with open(os.path.join(args.out, "results", f"{row['metric']}.json"), "w") as f:
+            json.dump(row, f, indent=1)
+    print(f"{'metric':32s} {'spec tok/s':>10s} {'plain tok/s':>11s} {'speedup':>8s} {'accept':>7s} {'same':>5s}")
+    for r in rows:
+        print(f"{r['metric']:32s} {r['spec_decode_tok_s']:10.1f} {r['baseline_decode_tok_s']:11.1f} "
+              f"{r['value']:8.2f} {r['measured_acceptance']:7.2f} {r['greedy_identical_fraction']:5.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

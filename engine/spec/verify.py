@@ -1,0 +1,94 @@
+"""Reading a verify step back: acceptance, the state commit, KV release and checkpoints.
+
+A verify row (request r, drafts d1..dk, speculative scratch row v) computed its last token
+and the k drafts; the step sampled the target at each of the k+1 positions (t0..tk). Then::
+
+    a = greedy_accepted_length(d, t)          drafts kept (0..k); outputs t0..ta, cut at a stop
+    r's state  <- scratch[v, a]               one commit op over every state layer (a == k: the
+                                              in-place state, after all k+1 tokens, is right)
+    computed   += a                           (the step's own token was counted at launch)
+    KV pages past computed + 1 positions      released (they hold rejected drafts)
+    checkpoint at each interval the accepted tokens reached, copied from scratch[v, q - 1]
+    finished / aborted rows                   skipped (state slot -1): never written to slot 0
+
+The ops go to the cache manager's pre-ops, applied by every shard before the next forward,
+while the scratch is still this step's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..sampler import record_logprob
+from .acceptance import greedy_accepted_length
+
+
+@dataclass
+class VerifyRows:
+    """A verify step's sampling rows: per sampling request its drafts and scratch row (None:
+    no drafts, or a model without state layers), and the flat logits rows (request, offset)."""
+
+    requests: list  # sampling requests, in batch order
+    drafts: list[list[int]]
+    scratch_rows: list[int | None]
+    row_requests: list  # one entry per logits row
+    row_offsets: list[int]  # the row's position among its request's verified tokens
+
+    @classmethod
+    def of(cls, chunks: list, counts: list[int]) -> "VerifyRows":
+        sampling = [c for c in chunks if c.samples]
+        scratch_rows, v = [], 0
+        for c in sampling:
+            scratch_rows.append(v if c.draft_tokens else None)
+            v += bool(c.draft_tokens)
+        return cls([c.request for c in sampling], [list(c.draft_tokens) for c in sampling], scratch_rows,
+                   [c.request for c, n in zip(sampling, counts) for _ in range(n)],
+                   [i for n in counts for i in range(n)])
+
+
+def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.Tensor | None) -> list:
+    """Hand a verify step's sampled tokens to its requests (see the module doc). `engine`:
+    the LLMEngine (its scheduler, cache, spec decoder and pool setup). Returns the requests
+    that got tokens."""
+    cache, setup, interval = engine.cache, engine.pool_setup, engine.config.state_checkpoint_interval
+    num_scratch = sum(v is not None for v in rows.scratch_rows)
+    commit_slots, commit_steps = [-1] * num_scratch, [-1] * num_scratch
+    has_scratch = setup.scratch_rows > 0
+    outputs, cursor = [], 0
+    for req, drafts, v in zip(rows.requests, rows.drafts, rows.scratch_rows):
+        first, cursor = cursor, cursor + len(drafts) + 1
+        if req.finished:  # aborted, or ended by the step before: its row is skipped
+            continue
+        targets = tokens[first:cursor]
+        accepted = greedy_accepted_length(drafts, targets)
+        req.num_pending_tokens -= 1
+        for i, token in enumerate(targets[: accepted + 1]):
+            if logits is not None and req.logprobs is not None:
+                record_logprob(req, logits[first + i], token)
+            req.append_token(token)
+            if req.finish_reason is not None:
+                break
+        if drafts:
+            engine.spec.record(req.request_id, len(drafts), accepted)
+        outputs.append(req)
+        if req.finish_reason is not None:
+            engine._finish(req)
+            continue
+        start = req.num_computed_tokens - 1  # position of the step's own token
+        req.num_computed_tokens += accepted
+        if v is not None and has_scratch:
+            # all k accepted: the in-place state is right (scratch step k was never written)
+            commit_slots[v], commit_steps[v] = req.alloc.state_slot, accepted if accepted < len(drafts) else -1
+        cache.trim_kv(req.alloc, req.num_computed_tokens + 1)
+        if engine.config.enable_prefix_caching and drafts:
+            end = start + accepted + 1  # tokens computed now
+            for q in range((start // interval + 1) * interval, end + 1, interval):
+                step = q - start - 1  # the state after position q-1 = after the row's token `step`
+                src = setup.scratch_slot(v, step) if has_scratch and step < len(drafts) else req.alloc.state_slot
+                cache.checkpoint_from(req.alloc, q, src)
+            if req.alloc.pending_checkpoints:
+                cache.commit_checkpoints(req.alloc, req.token_ids)
+    if any(slot > 0 for slot in commit_slots):
+        cache.commit_verified(state_slots=commit_slots, accepted_steps=commit_steps)
+    return outputs

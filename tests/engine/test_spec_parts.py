@@ -1,0 +1,110 @@
+"""The parts of speculative decoding one by one: the config's keys and errors, n-gram lookup,
+remote proposals going stale, the adaptive depth's decisions, the state commit over every
+layer (with skipped rows), and the scratch's place in the cache budget."""
+import pytest
+import torch
+
+from hybrid_serve.engine.config import EngineConfig
+from hybrid_serve.engine.spec import DraftRequest, RemoteDrafter, SpeculativeConfig
+from hybrid_serve.engine.spec.depth import AdaptiveDepth
+from hybrid_serve.engine.spec.ngram import ngram_lookup
+from hybrid_serve.mem_cache import CacheOps, PoolLayout, PoolOptions, StatePool, StateSpec, apply_cache_ops, plan_pools
+
+
+def test_config_keys_and_errors():
+    cfg = EngineConfig(model="m", speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    assert cfg.speculative_config == SpeculativeConfig("ngram", 3)
+    with pytest.raises(ValueError, match="unknown speculative_config keys \\['draft_k'\\]"):
+        EngineConfig(model="m", speculative_config={"method": "ngram", "draft_k": 3})
+    with pytest.raises(ValueError, match="'mtp' is not implemented yet"):
+        SpeculativeConfig("mtp")
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1, got 0"):
+        SpeculativeConfig("ngram", 0)
+    with pytest.raises(ValueError, match="needs a 'method'"):
+        SpeculativeConfig.from_value({"num_speculative_tokens": 2})
+    options = cfg.pool_options(1024)
+    assert (options.spec_scratch_rows, options.spec_scratch_steps) == (32, 3)
+
+
+@pytest.mark.parametrize("tokens, k, want", [
+    ([1, 2, 3, 9, 9, 1, 2, 3], 2, [9, 9]),  # "1 2 3" seen before: what followed it
+    ([1, 2, 3, 4, 1, 2, 5, 6, 2], 3, [5, 6, 2]),  # only "2" matches: its latest occurrence with 3 after it
+    ([7] * 8, 3, [7, 7, 7]),  # a run: the latest occurrence followed by all 3
+    ([1, 2, 3], 2, []),  # nothing repeats
+    ([4, 5, 4, 5, 4], 0, []),
+])
+def test_ngram_lookup(tokens, k, want):
+    assert ngram_lookup(tokens, k, 1, 3) == want
+
+
+def test_remote_proposals_follow_the_request_and_go_stale():
+    drafter = RemoteDrafter()
+    drafter.supply("r", 4, [5, 6, 7, 8])
+
+    def ask(tokens, k=3):
+        return drafter.propose([DraftRequest("r", tokens, k, 2)])[0]
+
+    assert ask([1, 2, 3, 4]) == [5, 6, 7]
+    assert ask([1, 2, 3, 4, 5, 6]) == [7, 8]  # produced 5 6 as proposed: the rest
+    assert ask([1, 2, 3, 4, 5, 9]) == []  # went elsewhere: stale, and dropped
+    assert ask([1, 2, 3, 4]) == []
+    assert drafter.propose([DraftRequest("other", [1], 2)]) == [[]]
+
+
+def test_adaptive_depth_follows_acceptance_and_batch():
+    depth = AdaptiveDepth(4, probe_every=3)
+    for _ in range(20):
+        depth.observe("good", 4, 4)
+        depth.observe("bad", 4, 0)
+    chosen = depth.depths(["good", "bad"], batch_size=2)
+    assert chosen["good"] == 4 and chosen["bad"] == 0
+    assert depth.depths(["bad"], 1) == {"bad": 0}
+    assert depth.depths(["bad"], 1) == {"bad": 1}  # probed every 3rd step it is kept off
+    # a large batch makes drafts costly: off even at perfect acceptance
+    assert set(depth.depths(["good"] * 1, batch_size=512).values()) == {0}
+    assert AdaptiveDepth(4, disable_by_batch_size=8).depths(["a"], 9) == {"a": 0}
+    assert AdaptiveDepth(3, adaptive=False).depths(["a", "b"], 100) == {"a": 3, "b": 3}
+    assert AdaptiveDepth.expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_commit_verified_moves_every_layer_and_the_tag():
+    spec = StateSpec(conv_dim=3, conv_width=2, ssm_shape=(2, 2), conv_dtype=torch.float32)
+    pool = StatePool(4, 3, spec, "cpu", scratch_rows=3, scratch_steps=2)
+    for states in (pool.conv_states, pool.ssm_states):
+        states.copy_(torch.arange(states.numel(), dtype=states.dtype).view(states.shape))
+    pool.layout_tag.copy_(torch.arange(pool.layout_tag.numel(), dtype=torch.int8))
+    before = [pool.conv_states.clone(), pool.ssm_states.clone(), pool.layout_tag.clone()]
+    ops = CacheOps()
+    # verify row 0 -> slot 3 from step 1; row 1 finished (-1); row 2 all accepted (step -1)
+    ops.commit_verified(state_slots=[3, -1, 2], accepted_steps=[1, 0, -1])
+    apply_cache_ops(ops, None, pool)
+    scratch = pool.scratch_slot(0, 1)
+    assert scratch == 4 + 1 + 0 * 2 + 1
+    for old, new in zip(before[:2], (pool.conv_states, pool.ssm_states)):
+        want = old.clone()
+        want[:, 3] = old[:, scratch]
+        assert torch.equal(new, want)  # all 3 layers; nothing else written (slot 0 neither)
+    want_tag = before[2].clone()
+    want_tag[3] = before[2][scratch]
+    assert torch.equal(pool.layout_tag, want_tag)
+    with pytest.raises(ValueError, match="4 verify rows, the scratch has 3"):
+        pool.commit_verified(state_slots=torch.ones(4, dtype=torch.int64),
+                             accepted_steps=torch.zeros(4, dtype=torch.int64))
+
+
+def test_scratch_comes_out_of_the_cache_budget():
+    spec = StateSpec(conv_dim=4, conv_width=3, ssm_shape=(2, 4, 4), conv_dtype=torch.float32)
+    slot_bytes = spec.bytes_per_slot(2)
+    layout = PoolLayout(1, 2, 4096, slot_bytes, spec)
+
+    def plan(rows, steps, budget=4 << 20):
+        return plan_pools(layout, budget, PoolOptions(16, 8, 256, 256, 0.25, 64, True, spec_scratch_rows=rows,
+                                                      spec_scratch_steps=steps))
+
+    plain, spec_setup = plan(0, 0), plan(8, 4)
+    assert (spec_setup.scratch_rows, spec_setup.scratch_steps) == (8, 4)
+    assert spec_setup.scratch_slot(7, 3) == spec_setup.num_state_slots + 1 + 7 * 4 + 3
+    used = lambda s: s.num_kv_pages * 4096 + (s.num_state_slots + s.scratch_rows * s.scratch_steps) * slot_bytes
+    assert used(spec_setup) <= 4 << 20 and spec_setup.num_kv_pages < plain.num_kv_pages
+    with pytest.raises(ValueError, match="speculative scratch of 8 verify rows x 4 steps needs"):
+        plan(8, 4, budget=8 * 4 * slot_bytes)

@@ -1,0 +1,221 @@
+"""Speculative decoding (engine/spec/): greedy output identical with speculation on and off
+for every family, under continuous batching, chunked prefill, the prefix cache (checkpoints
+taken from accepted drafts), preemption and aborts; every draft shape (zero-length, all
+rejected, partly and fully accepted: the synthetic drafter with random lengths); state slots
+outside the verified rows untouched; the sampled distribution unchanged at temperature > 0;
+max_tokens and stops exact; pools empty after every run."""
+import random
+
+import pytest
+import torch
+
+from hf_reference import FAMILIES
+from hybrid_serve import LLM, SamplingParams
+from hybrid_serve.engine.spec import RemoteDrafter
+
+MAX_TOKENS = 24
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def _prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """Lengths 1..120, two sharing a long prefix (a prefix-cache hit), one repetitive."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab_size) for _ in range(n)] for n in (1, 5, 17, 40, 77, 120)]
+    prompts.append(prompts[-1][:96] + [rng.randrange(vocab_size) for _ in range(9)])
+    prompts.append([3, 4, 5, 6] * 8)
+    return prompts
+
+
+def _engine_args(**kw):
+    """Queueing (3 running), chunks of 16, small steps, checkpoints every 16 tokens."""
+    args = dict(dtype="float32", max_num_seqs=3, max_num_batched_tokens=40, chunked_prefill_size=16,
+                enable_prefix_caching=True, state_checkpoint_interval=16)
+    args.update(kw)
+    return args
+
+
+def _synthetic(prompts, want, acceptance=0.6, k=4, seed=0):
+    return dict(method="synthetic", num_speculative_tokens=k, adaptive=False, vary_length=True, seed=seed,
+                acceptance_rate=acceptance, continuations={tuple(p): w for p, w in zip(prompts, want)})
+
+
+def _tokens(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def baseline(reference_models):
+    """family -> (model_dir, prompts, greedy tokens without speculation)."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            model_dir, ref = reference_models(family)
+            prompts = _prompts(ref.config.vocab_size)
+            cache[family] = (model_dir, prompts, _tokens(LLM(model=model_dir, **_engine_args()).generate(prompts, GREEDY)))
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_identical_with_every_draft_shape(family, baseline):
+    model_dir, prompts, want = baseline(family)
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=_synthetic(prompts, want)))
+    assert _tokens(llm.generate(prompts, GREEDY)) == want
+    stats = llm.engine.stats()
+    assert stats["spec_accepted_tokens"] > 0  # some drafts kept ...
+    assert stats["spec_draft_tokens"] - stats["spec_accepted_tokens"] > 0  # ... and some rejected
+    assert stats["spec_accepted_tokens_pos3"] > 0  # runs of 4 accepted drafts
+    assert llm.engine.cache.stats.checkpoint_hit_tokens > 0  # the shared prefix was reused
+    llm.engine.cache.check_empty()
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2", "nemotron_h"])
+def test_preemption_and_aborts_mid_verify(family, baseline):
+    """KV pages for about two requests: speculation on requests that get preempted and come
+    back; two requests aborted while they speculate. Every other output is unchanged."""
+    model_dir, prompts, want = baseline(family)
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=_synthetic(prompts, want, seed=1),
+                                              num_kv_pages_override=16, max_model_len=160,
+                                              enable_prefix_caching=False))
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, GREEDY)
+    done, aborted, steps = {}, {"2", "6"}, 0
+    while engine.has_unfinished():
+        for req in engine.step():
+            if req.finished:
+                done[req.request_id] = req.output_token_ids
+        steps += 1
+        if steps == 12:
+            for rid in aborted:
+                engine.abort(rid)
+    assert engine.scheduler.num_preemptions > 0
+    for i, w in enumerate(want):
+        if str(i) not in aborted:
+            assert done[str(i)] == w, f"request {i}"
+    assert engine.stats()["spec_verify_rows"] > 0
+    engine.cache.check_empty()
+
+
+def test_ngram_and_remote_drafters_keep_greedy_output(baseline):
+    model_dir, prompts, want = baseline("qwen3_5")
+    ngram = LLM(model=model_dir, **_engine_args(speculative_config=dict(method="ngram", num_speculative_tokens=3,
+                                                                       adaptive=False)))
+    assert _tokens(ngram.generate(prompts, GREEDY)) == want
+    assert ngram.engine.stats()["spec_draft_tokens"] > 0  # the repetitive prompt gave drafts
+    ngram.engine.cache.check_empty()
+
+    remote = LLM(model=model_dir, **_engine_args(speculative_config=dict(method="remote", num_speculative_tokens=4,
+                                                                        adaptive=False)))
+    engine = remote.engine
+    drafter = engine.spec.drafter
+    assert isinstance(drafter, RemoteDrafter)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, GREEDY)
+        # the true continuation from token 2 on, but wrong at its 8th token (a stale tail)
+        guess = list(want[i][1:])
+        guess[7] = (guess[7] + 1) % 256
+        drafter.supply(str(i), len(p) + 1, guess)
+    done = {}
+    while engine.has_unfinished():
+        done.update({r.request_id: r.output_token_ids for r in engine.step() if r.finished})
+    assert [done[str(i)] for i in range(len(prompts))] == want
+    stats = engine.stats()
+    assert stats["spec_accepted_tokens"] >= 6 * len(prompts) - 6  # the head of each proposal was used
+    engine.cache.check_empty()
+
+
+def test_state_slots_outside_verified_rows_unchanged(tmp_path):
+    """Before each step every free state slot (slot 0 too) is filled with a sentinel pattern
+    and every checkpoint in the prefix tree is recorded; after the step and its commit (the
+    next step's pre-ops, flushed here) those still free or still in the tree are unchanged: no
+    commit went to a slot it did not own, in any of the model's 3 state layers (GDN: conv
+    windows and SSM states). And the outputs equal those without speculation."""
+    from hf_reference import build_reference
+
+    model_dir = str(tmp_path)
+    build_reference("qwen3_5", model_dir,
+                    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"])
+    prompts = _prompts(256, seed=3)
+    want = _tokens(LLM(model=model_dir, **_engine_args()).generate(prompts, GREEDY))
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=_synthetic(prompts, want, seed=2)))
+    engine = llm.engine
+    pool = engine.runner.state_pool
+    assert engine.model.layer_ids.num_state_layers == 3
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, GREEDY)
+    num_checked, done = 0, {}
+    while engine.has_unfinished():
+        cache = engine.cache
+        free, tree = set(cache.state_slots._free) | {0}, set(cache.tree.held_state_slots())
+        watched = sorted(free | tree)
+        index, free_index = torch.tensor(watched), torch.tensor(sorted(free))
+        for states in (pool.conv_states, pool.ssm_states):  # checkpoints keep their (live) contents
+            states[:, free_index] = torch.arange(1, len(free) + 1, dtype=states.dtype).view(
+                1, -1, *[1] * (states.dim() - 2))
+        before = [s[:, index].clone() for s in (pool.conv_states, pool.ssm_states)]
+        verify = engine._speculates()
+        done.update({r.request_id: r.output_token_ids for r in engine.step() if r.finished})
+        engine._execute(engine._plan([]))  # apply the step's commit and checkpoint copies now
+        # free before and after, or a checkpoint before and after (not new ones, not reused ones)
+        free_now, tree_now = set(cache.state_slots._free) | {0}, set(cache.tree.held_state_slots())
+        still = [w for w in watched if (w in free and w in free_now) or (w in tree and w in tree_now)]
+        keep = torch.tensor([watched.index(w) for w in still])
+        for old, states in zip(before, (pool.conv_states, pool.ssm_states)):
+            assert torch.equal(states[:, torch.tensor(still)], old[:, keep]), "a state slot not owned was written"
+        num_checked += verify
+    assert num_checked > 5
+    assert {r: t for r, t in done.items()} == {str(i): w for i, w in enumerate(want)}
+
+
+def test_sampling_distribution_unchanged(baseline):
+    """temperature 0.7, top_k 2, drafts = the greedy continuation (often right, often not):
+    the joint distribution of output tokens 2 and 3, which come out of verify steps, matches
+    plain sampling (two-sample chi-square, 400 seeded samples each)."""
+    model_dir, prompts, want = baseline("qwen3_5")
+    prompt, n = prompts[2], 400
+    params = [SamplingParams(max_tokens=5, temperature=0.7, top_k=2, seed=1000 + i, ignore_eos=True) for i in range(n)]
+    args = _engine_args(max_num_seqs=64, max_num_batched_tokens=512)
+    plain = LLM(model=model_dir, **args)
+    spec = LLM(model=model_dir, **args, speculative_config=_synthetic([prompt], [want[2]], acceptance=1.0, k=3))
+    pairs = [[tuple(o[1:3]) for o in _tokens(llm.generate([prompt] * n, params))] for llm in (plain, spec)]
+    stats = spec.engine.stats()
+    assert stats["spec_accepted_tokens"] > 100 and stats["spec_draft_tokens"] - stats["spec_accepted_tokens"] > 100
+    bins = sorted(set(pairs[0]) | set(pairs[1]))
+    chi2 = sum((pairs[0].count(b) - pairs[1].count(b)) ** 2 / (pairs[0].count(b) + pairs[1].count(b)) for b in bins)
+    # df = bins - 1 <= 3 (two tokens of top_k 2): p = 0.001 at 16.3
+    assert len(bins) >= 3 and chi2 < 16.3, f"chi2 {chi2:.1f} over {len(bins)} bins: {pairs[1][:20]}"
+
+
+def test_drafts_end_at_max_tokens_and_stops(baseline):
+    model_dir, prompts, want = baseline("lfm2")
+    cfg = _synthetic(prompts, want, acceptance=1.0, k=4)
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=cfg))
+    for max_tokens in (1, 2, 3, 6):
+        got = _tokens(llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
+        assert got == [w[:max_tokens] for w in want]
+    for i, w in enumerate(want):  # stop at a token in the middle of a fully accepted run
+        stop = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, stop_token_ids=[w[5]])
+        got = _tokens(llm.generate([prompts[i]], stop))[0]
+        assert got == w[: w.index(w[5]) + 1]
+    llm.engine.cache.check_empty()
+
+
+def test_stop_string_inside_accepted_drafts():
+    """The demo model (a real tokenizer): a stop string inside a verify step's accepted run
+    ends the text exactly where decoding without speculation ends it."""
+    prompt = "def fibonacci(n):"
+    plain = LLM(dtype="float32")
+    full = plain.generate([prompt], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))[0].outputs[0]
+    stop_text = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=[stop_text])
+    want = plain.generate([prompt], params)[0].outputs[0]
+    prompt_ids = plain.tokenizer.encode(prompt, add_special_tokens=False)
+    spec = LLM(dtype="float32", speculative_config=dict(
+        method="synthetic", num_speculative_tokens=4, adaptive=False, acceptance_rate=1.0,
+        continuations={tuple(prompt_ids): full.token_ids}))
+    got = spec.generate([prompt], params)[0].outputs[0]
+    assert (got.text, got.token_ids, got.finish_reason) == (want.text, want.token_ids, want.finish_reason)
+    assert got.finish_reason == "stop" and spec.engine.stats()["spec_accepted_tokens"] > 0
