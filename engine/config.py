@@ -95,4 +95,5 @@ class EngineConfig:
                            num_kv_pages_override=self.num_kv_pages_override,
                            num_state_slots_override=self.num_state_slots_override,
                            spec_scratch_rows=spec.verify_rows(self.max_num_seqs) if spec else 0,
-                           spec_scratch_steps=spec.num_speculative_tokens if spec else 0)
+                           spec_scratch_steps=spec.num_speculative_tokens if spec else 0,
+                           spec_scratch_auto=bool(spec) and spec.max_num_seqs is None)

@@ -83,6 +83,8 @@ class LLMEngine:
         # sampled tokens on the device: ModelRunner.execute)
         self.overlap = config.async_scheduling
         self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
+        self.num_generated_tokens = 0  # output tokens appended so far (all requests)
+        self._last_step_end: float | None = None  # when the last step returned (speculation's timing)
         self.spec: SpecDecoder | None = None  # speculative decoding (engine/spec/)
         if config.speculative_config is not None:
             rows = self.pool_setup.scratch_rows if layout.num_state_layers else \
@@ -170,8 +172,14 @@ class LLMEngine:
     def step(self) -> list[Request]:
         """One step: schedule -> queue on the shard(s) -> finish the previous step (or, without
         overlap, this one). Returns the requests that got a token (finished ones included)."""
-        if self.spec is not None and self._speculates():
-            return self._verify_step()
+        wanted = self._spec_depths() if self.spec is not None else {}
+        if wanted:
+            return self._timed(True, self._verify_step, wanted)
+        if self.spec is not None:
+            return self._timed(False, self._plain_step)
+        return self._plain_step()
+
+    def _plain_step(self) -> list[Request]:
         chunks = self.scheduler.schedule()
         launched = self._launch(chunks)
         outputs = self._complete(self._inflight) if self._inflight is not None else []
@@ -188,20 +196,34 @@ class LLMEngine:
             self._check_idle_invariants()
         return outputs
 
-    def _speculates(self) -> bool:
-        """Does the adaptive depth want drafts for some decoding request this step?"""
+    def _spec_depths(self) -> dict:
+        """The adaptive depth's K per decoding request this step ({}: no speculation)."""
         running = self.scheduler.running
         candidates = [r for r in running if r.num_tokens_to_compute == 1 and not r.sampled_last_token]
-        return bool(self.spec.wants_drafts(candidates, len(running)))
+        return self.spec.wants_drafts(candidates, len(running))
 
-    def _verify_step(self) -> list[Request]:
+    def _timed(self, speculative: bool, run, *args) -> list[Request]:
+        """Run a step; report decode-only steps' output tokens and time (from the previous
+        step's end) to the adaptive depth, so it can compare speculation with none."""
+        batch = len(self.scheduler.running)
+        decode_only = batch > 0 and all(r.num_tokens_to_compute == 1 for r in self.scheduler.running)
+        before = self.num_generated_tokens
+        outputs = run(*args)
+        now = time.perf_counter()
+        if decode_only and self._last_step_end is not None:
+            self.spec.depth.observe_step(speculative, batch, self.num_generated_tokens - before,
+                                         now - self._last_step_end)
+        self._last_step_end = now
+        return outputs
+
+    def _verify_step(self, wanted: dict) -> list[Request]:
         """A step with speculative drafts. Host drafters need each request's last token, so
         the step in flight is read back first and this one completes before the next is
         planned (no overlap while speculating: engine/spec/__init__.py)."""
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         self._inflight = None
-        candidates = self.scheduler.decode_candidates()
-        drafts = self.spec.propose(self.spec.wants_drafts(candidates, len(self.scheduler.running)))
+        candidates = set(self.scheduler.decode_candidates())
+        drafts = self.spec.propose({r: k for r, k in wanted.items() if r in candidates})
         chunks = self.scheduler.schedule(drafts)
         launched = self._launch(chunks)
         self.scheduler.after_step(chunks)
@@ -265,6 +287,7 @@ class LLMEngine:
                 continue
             req.num_pending_tokens -= 1
             req.append_token(token)
+            self.num_generated_tokens += 1
             if req.finish_reason is not None:
                 self._finish(req)
             outputs.append(req)

@@ -45,6 +45,7 @@ class PoolOptions:
     num_state_slots_override: int | None = None
     spec_scratch_rows: int = 0  # speculative decoding: verify rows with state scratch ...
     spec_scratch_steps: int = 0  # ... of this many steps each (taken from the budget first)
+    spec_scratch_auto: bool = False  # rows not set by the user: fewer if they would take > 1/8 of the budget
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,8 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
     """Pool sizes and max_model_len from one budget (or the explicit overrides)."""
     o, page_bytes, slot_bytes = options, layout.kv_bytes_per_page, layout.state_bytes_per_slot
     scratch_rows, scratch_steps = (o.spec_scratch_rows, o.spec_scratch_steps) if slot_bytes else (0, 0)
+    if o.spec_scratch_auto and scratch_rows * scratch_steps * slot_bytes > budget_bytes // 8:
+        scratch_rows = max(1, budget_bytes // 8 // (scratch_steps * slot_bytes))
     scratch_bytes = scratch_rows * scratch_steps * slot_bytes
     if scratch_bytes >= budget_bytes:
         raise ValueError(f"speculative scratch of {scratch_rows} verify rows x {scratch_steps} steps needs "

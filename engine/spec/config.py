@@ -25,7 +25,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4  # ngram: longest suffix n-gram looked up (tried first)
     adaptive: bool = True  # pick K per request per step from measured acceptance (down to 0: off)
     disable_by_batch_size: int | None = None  # no speculation while more requests than this run
-    max_num_seqs: int | None = None  # verify rows per step (state scratch is sized for them); default min(running, 32)
+    # verify rows per step (the state scratch is sized for them); default min(max_num_seqs, 32),
+    # fewer if their scratch would take more than 1/8 of the cache budget
+    max_num_seqs: int | None = None
     acceptance_rate: float = 0.8  # synthetic: probability that each drafted token is the true one
     continuations: dict = field(default_factory=dict, compare=False)  # synthetic: prompt ids tuple -> true tokens
     seed: int = 0  # synthetic: its random choices

@@ -16,6 +16,13 @@ most tokens per unit of time, and speculates only if that beats plain decoding::
 Acceptance per request starts at `prior` (worth `prior_weight` drafts) and follows what its
 verify steps measure; a request kept at K = 0 is probed with one draft every `probe_every`
 steps so it can come back.
+
+The cost model is a guess; the engine also reports the output tokens and duration of every
+decode-only step (`observe_step`), per batch-size bucket (powers of two) and kind
+(speculative or plain). In a bucket the first `min_steps` such steps run plain (the
+baseline), then speculation is tried; once both are measured, the faster kind runs, and one
+step in `probe_steps` runs the other to keep the comparison fresh. So speculation that is
+measured slower than none is switched off, whatever the model, device or drafter.
 """
 from __future__ import annotations
 
@@ -33,17 +40,66 @@ class _Acceptance:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+@dataclass
+class _Rates:
+    """Output tokens per second of plain and speculative steps in one batch-size bucket (EMA)."""
+
+    plain: float = 0.0
+    spec: float = 0.0
+    plain_steps: int = 0
+    spec_steps: int = 0
+    since_probe: int = 0
+
+
 class AdaptiveDepth:
     def __init__(self, max_depth: int, adaptive: bool = True, cost_per_token: float = 1 / 128,
                  sync_cost: float = 0.1, prior: float = 0.6, prior_weight: float = 4.0, decay: float = 0.9,
-                 probe_every: int = 16, disable_by_batch_size: int | None = None) -> None:
+                 probe_every: int = 16, disable_by_batch_size: int | None = None, min_steps: int = 4,
+                 probe_steps: int = 64, rate_decay: float = 0.8) -> None:
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         self.max_depth, self.adaptive = max_depth, adaptive
         self.cost_per_token, self.sync_cost = cost_per_token, sync_cost
         self.prior, self.prior_weight, self.decay, self.probe_every = prior, prior_weight, decay, probe_every
         self.disable_by_batch_size = disable_by_batch_size
+        self.min_steps, self.probe_steps, self.rate_decay = min_steps, probe_steps, rate_decay
         self._requests: dict[str, _Acceptance] = {}
+        self._rates: dict[int, _Rates] = {}
+
+    @staticmethod
+    def _bucket(batch_size: int) -> int:
+        return max(batch_size, 1).bit_length()
+
+    def observe_step(self, speculative: bool, batch_size: int, num_tokens: int, seconds: float) -> None:
+        """A step of `batch_size` running requests produced `num_tokens` output tokens in
+        `seconds` (from the end of the previous step: host work included)."""
+        if seconds <= 0:
+            return
+        rates = self._rates.setdefault(self._bucket(batch_size), _Rates())
+        rate = num_tokens / seconds
+        if speculative:
+            rates.spec = rate if not rates.spec_steps else self.rate_decay * rates.spec + (1 - self.rate_decay) * rate
+            rates.spec_steps += 1
+        else:
+            rates.plain = rate if not rates.plain_steps else \
+                self.rate_decay * rates.plain + (1 - self.rate_decay) * rate
+            rates.plain_steps += 1
+
+    def plain_step_due(self, batch_size: int) -> bool:
+        """Run this step without speculation, by measurement: too few plain steps measured at
+        this batch size yet, or speculation measured slower (then one step in `probe_steps`
+        speculates anyway), or speculation measured faster (then one step in `probe_steps`
+        runs plain, to keep the comparison fresh)."""
+        rates = self._rates.setdefault(self._bucket(batch_size), _Rates())
+        if rates.plain_steps < self.min_steps:
+            return True
+        if rates.spec_steps < self.min_steps:
+            return False
+        rates.since_probe += 1
+        probe = rates.since_probe >= self.probe_steps
+        if probe:
+            rates.since_probe = 0
+        return (rates.spec < rates.plain) != probe
 
     def acceptance(self, request_id: str) -> float:
         entry = self._requests.get(request_id)
@@ -78,6 +134,8 @@ class AdaptiveDepth:
             return {r: 0 for r in request_ids}
         if not self.adaptive:
             return {r: self.max_depth for r in request_ids}
+        if self.plain_step_due(batch_size):
+            return {r: 0 for r in request_ids}
         rates = {r: self.acceptance(r) for r in request_ids}
         own_best = {r: self._own_best(rate, batch_size) for r, rate in rates.items()}
         others = batch_size - len(request_ids)  # running but not drafting (prefill): 1 token each at most

@@ -67,6 +67,7 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
             if logits is not None and req.logprobs is not None:
                 record_logprob(req, logits[first + i], token)
             req.append_token(token)
+            engine.num_generated_tokens += 1
             if req.finish_reason is not None:
                 break
         if drafts:

@@ -52,7 +52,11 @@ def test_remote_proposals_follow_the_request_and_go_stale():
 
 
 def test_adaptive_depth_follows_acceptance_and_batch():
-    depth = AdaptiveDepth(4, probe_every=3)
+    depth = AdaptiveDepth(4, probe_every=3, min_steps=2)
+    for batch in (1, 2, 512):  # plain steps measured first (the baseline), then speculation
+        assert set(depth.depths(["x"], batch).values()) == {0}
+        for speculative in (False, False, True, True):
+            depth.observe_step(speculative, batch, num_tokens=batch, seconds=1.0)
     for _ in range(20):
         depth.observe("good", 4, 4)
         depth.observe("bad", 4, 0)
@@ -65,6 +69,26 @@ def test_adaptive_depth_follows_acceptance_and_batch():
     assert AdaptiveDepth(4, disable_by_batch_size=8).depths(["a"], 9) == {"a": 0}
     assert AdaptiveDepth(3, adaptive=False).depths(["a", "b"], 100) == {"a": 3, "b": 3}
     assert AdaptiveDepth.expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_adaptive_depth_turns_off_speculation_measured_slower():
+    """Whatever the cost model says, measured tokens/s decide: speculation slower than plain
+    steps at a batch size is off there (one probe step in `probe_steps`), and back on once
+    it measures faster; other batch sizes are measured apart."""
+    depth = AdaptiveDepth(4, min_steps=2, probe_steps=5)
+    depth.observe("r", 10, 10)  # perfect acceptance: the cost model wants speculation
+    for _ in range(2):
+        depth.observe_step(False, 1, num_tokens=1, seconds=0.002)  # plain: 500 tok/s
+    assert depth.depths(["r"], 1)["r"] > 0  # speculation not measured yet: tried
+    for _ in range(2):
+        depth.observe_step(True, 1, num_tokens=3, seconds=0.030)  # speculative: 100 tok/s
+    decisions = [depth.depths(["r"], 1)["r"] for _ in range(10)]
+    assert decisions.count(0) == 8 and min(d for d in decisions if d) > 0  # two probes in ten steps
+    for _ in range(10):
+        depth.observe_step(True, 1, num_tokens=4, seconds=0.004)  # now 1000 tok/s
+    decisions = [depth.depths(["r"], 1)["r"] for _ in range(10)]
+    assert decisions.count(0) == 2  # on, with a plain step every 5th to re-measure
+    assert set(depth.depths(["r"], 64).values()) == {0}  # batch 64: no plain baseline measured yet
 
 
 def test_commit_verified_moves_every_layer_and_the_tag():
@@ -108,3 +132,8 @@ def test_scratch_comes_out_of_the_cache_budget():
     assert used(spec_setup) <= 4 << 20 and spec_setup.num_kv_pages < plain.num_kv_pages
     with pytest.raises(ValueError, match="speculative scratch of 8 verify rows x 4 steps needs"):
         plan(8, 4, budget=8 * 4 * slot_bytes)
+    # rows the user did not set shrink to 1/8 of the budget instead
+    budget = 8 * 4096 * 8  # 1/8: 4 pages' worth, 11 scratch rows of 4 steps
+    auto = plan_pools(layout, budget, PoolOptions(16, 8, 64, 64, 0.25, 64, False, spec_scratch_rows=32,
+                                                  spec_scratch_steps=4, spec_scratch_auto=True))
+    assert auto.scratch_rows == budget // 8 // (4 * slot_bytes) < 32

@@ -156,7 +156,7 @@ def test_state_slots_outside_verified_rows_unchanged(tmp_path):
             states[:, free_index] = torch.arange(1, len(free) + 1, dtype=states.dtype).view(
                 1, -1, *[1] * (states.dim() - 2))
         before = [s[:, index].clone() for s in (pool.conv_states, pool.ssm_states)]
-        verify = engine._speculates()
+        verify = bool(engine._spec_depths())
         done.update({r.request_id: r.output_token_ids for r in engine.step() if r.finished})
         engine._execute(engine._plan([]))  # apply the step's commit and checkpoint copies now
         # free before and after, or a checkpoint before and after (not new ones, not reused ones)
