@@ -3,7 +3,8 @@
     hybrid-serve generate "a prompt" [--model DIR|HUB_ID] [--max-tokens N] [--temperature T] [--chat]
     hybrid-serve serve [--model DIR|HUB_ID] [-tp N] [--replicas N] [--host 127.0.0.1] [--port 8000] [--address auto]
 
-Without --model both run the built-in demo model (random weights, real tokenizer) on CPU.
+Without --model both run the built-in demo model (a small hybrid trained on Python's standard
+library, hybrid_serve/demo) on CPU.
 `serve` starts (or joins) a Ray cluster and serves the OpenAI API until SIGINT/SIGTERM.
 Both take the model and engine flags of `vllm serve` (`hybrid-serve serve --help`).
 """

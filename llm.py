@@ -6,7 +6,8 @@
     outs = llm.generate(["a prompt", ...] or [[token ids], ...], SamplingParams(max_tokens=32, temperature=0.0))
     outs[i].outputs[0].token_ids, .text, .finish_reason   # "stop" | "length"
 
-`LLM()` with no model runs the built-in demo model (random weights, real tokenizer). One
+`LLM()` with no model runs the built-in demo model (11M parameters trained on Python's
+standard library: hybrid_serve/demo). One
 replica at tp_size 1 runs in this process (`engine.LLMEngine`); more replicas or shards run
 as Ray actors (`actors.offline.ReplicaSet`), the same engine behind each.
 """
@@ -39,8 +40,7 @@ class LLM:
             from .demo import DEMO_DIR, DEMO_SEED
 
             model = DEMO_DIR
-            engine_args.setdefault("load_format", "dummy")
-            engine_args.setdefault("seed", DEMO_SEED)
+            engine_args.setdefault("seed", DEMO_SEED)  # and load_format="dummy": the demo's random-weight twin
         weights = engine_args.get("load_format", "auto") != "dummy"
         model = resolve_model_path(model, engine_args.get("revision"), weights=weights)
         tokenizer = resolve_model_path(tokenizer, weights=False) if tokenizer is not None else None

@@ -51,7 +51,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="weights and activations; auto: the model's")
     p.add_argument("--load-format", default=None, choices=LOAD_FORMATS,
-                   help="dummy: random weights of the real shapes (default: dummy for the demo model, else auto)")
+                   help="dummy: random weights of the real shapes (default: auto)")
     p.add_argument("--seed", type=int, default=None,
                    help="engine seed: dummy weights, and sampling of requests without their own seed "
                         "(default: the demo's seed for the demo model, else 0)")

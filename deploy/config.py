@@ -32,7 +32,7 @@ class AppConfig:
     replicas: int = 1  # engine replicas (data parallel)
     device: str = "cpu"  # cpu | cuda
     dtype: str = "auto"
-    load_format: str | None = None  # default: "dummy" for the demo model, else "auto"
+    load_format: str | None = None  # default: "auto" (the demo model ships trained weights)
     seed: int | None = None  # dummy weights / unseeded sampling; default: the demo's seed or 0
     engine_args: dict[str, Any] = field(default_factory=dict)  # more EngineConfig fields
     num_cpus_per_replica: float = 1.0
@@ -129,7 +129,7 @@ class AppConfig:
         from ..demo import DEMO_DIR, DEMO_SEED
 
         demo = self.model is None
-        load_format = self.load_format or ("dummy" if demo else "auto")
+        load_format = self.load_format or "auto"
         if demo:
             model = DEMO_DIR
         else:

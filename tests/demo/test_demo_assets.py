@@ -25,9 +25,11 @@ def config():
 def test_package_constants():
     assert os.path.isabs(DEMO_DIR) and os.path.isdir(DEMO_DIR)
     assert DEMO_SEED == 1234
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "model.safetensors", "training_manifest.json"):
         assert os.path.isfile(os.path.join(DEMO_DIR, name)), name
     assert os.path.getsize(os.path.join(DEMO_DIR, "tokenizer.json")) < 1 << 20
+    assert os.path.getsize(os.path.join(DEMO_DIR, "model.safetensors")) <= 25_000_000
 
 
 def test_special_tokens(tokenizer):
@@ -104,16 +106,17 @@ def test_config(config, tokenizer):
     assert type(config).__name__ == "Qwen3_5TextConfig"
     assert config.architectures == ["Qwen3_5ForCausalLM"]
     assert config.vocab_size == len(tokenizer) == 4096
-    assert config.layer_types == ["linear_attention"] * 3 + ["full_attention"]
-    assert config.num_hidden_layers == len(config.layer_types) == 4
-    assert (config.hidden_size, config.intermediate_size, config.head_dim) == (256, 512, 64)
+    assert config.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 2
+    assert config.num_hidden_layers == len(config.layer_types) == 8
+    assert (config.hidden_size, config.intermediate_size, config.head_dim) == (320, 768, 64)
     assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
     assert (config.linear_num_key_heads, config.linear_num_value_heads) == (2, 4)
-    assert (config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim) == (32, 32, 4)
+    assert (config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim) == (64, 64, 4)
     assert config.rope_parameters["partial_rotary_factor"] == 0.25
     assert config.rope_parameters["rope_theta"] == 10000.0
     assert config.max_position_embeddings == tokenizer.model_max_length == 4096
-    assert config.tie_word_embeddings is False
+    assert config.tie_word_embeddings is True
+    assert config.mtp_num_hidden_layers == 1
     assert config.eos_token_id == tokenizer.eos_token_id
     assert config.pad_token_id == tokenizer.pad_token_id == 0
     assert config.bos_token_id is None
