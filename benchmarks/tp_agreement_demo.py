@@ -41,18 +41,23 @@ def _kl_top(p: dict, q: dict) -> float:
 
 
 def compare(base, other, first: int = 16) -> dict:
-    kls = []
+    """As bf16_agreement_trained_demo.compare, over top-20 logprobs: at each first divergence,
+    tp=1's margin (nats) between its own token and tp=2's."""
+    kls, margins = [], []
     for x, y in zip(base, other):
         for i, (a, b) in enumerate(zip(x.token_ids, y.token_ids)):
             kls.append(_kl_top(x.logprobs[i], y.logprobs[i]))
             if a != b:
+                lp = x.logprobs[i]
+                margins.append({"position": i, "margin_nats": round(lp[a].logprob - lp[b].logprob, 4)
+                                if b in lp else None})
                 break
     total = sum(len(x.token_ids) for x in base)
     return {"prompts_first16_agree": sum(x.token_ids[:first] == y.token_ids[:first] for x, y in zip(base, other))
             / len(base),
             "prompts_all_agree": sum(x.token_ids == y.token_ids for x, y in zip(base, other)) / len(base),
             "tokens_agree": sum(a == b for x, y in zip(base, other) for a, b in zip(x.token_ids, y.token_ids)) / total,
-            "mean_kl_top20": sum(kls) / len(kls), "kl_positions": len(kls)}
+            "mean_kl_top20": sum(kls) / len(kls), "kl_positions": len(kls), "divergences": margins}
 
 
 def main() -> None:
