@@ -120,6 +120,7 @@ class EngineMetrics:
         self.spec_accepted_tokens = SPEC_ACCEPTED_TOKENS.labels(*lv)
         self._lv = lv
         self._spec_per_pos: dict[int, Counter] = {}
+        self.spec_accepted_at(0)  # the first draft position's series exists at 0 (other positions on first use)
 
     def spec_accepted_at(self, position: int) -> Counter:
         """The accepted-tokens counter of draft position `position` (created on first use)."""
