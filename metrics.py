@@ -91,6 +91,18 @@ HTTP_REQUESTS = _counter("hybrid_serve_http_requests_total",
                          ("route", "status_code"))
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# cumulative counters of LLMEngine.stats(), and the prefix of its per-draft-position counts
+ENGINE_COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions",
+                   "invariant_violations", "spec_verify_rows", "spec_draft_tokens", "spec_accepted_tokens")
+SPEC_POSITION_KEY = "spec_accepted_tokens_pos"
+
+
+def engine_counters(stats: dict) -> dict[str, int]:
+    """The cumulative counters of an engine's `stats()` (0 for any it does not keep), the
+    speculative per-position counts (`spec_accepted_tokens_pos<i>`) included."""
+    counters = {k: int(stats.get(k, 0)) for k in ENGINE_COUNTERS}
+    counters.update({k: int(v) for k, v in stats.items() if k.startswith(SPEC_POSITION_KEY)})
+    return counters
 PREFIX_CACHE_KINDS = ("kv", "checkpoint")
 
 
@@ -127,6 +139,20 @@ class EngineMetrics:
         if position not in self._spec_per_pos:
             self._spec_per_pos[position] = SPEC_ACCEPTED_PER_POS.labels(*self._lv, str(position))
         return self._spec_per_pos[position]
+
+    def add_counters(self, grew: dict[str, int]) -> None:
+        """Add what the engine's counters (`engine_counters`) grew by since the last call."""
+        self.prefix_queries.inc(grew["prefix_query_tokens"])
+        self.prefix_hits["kv"].inc(grew["kv_hit_tokens"])
+        self.prefix_hits["checkpoint"].inc(grew["checkpoint_hit_tokens"])
+        self.preemptions.inc(grew["preemptions"])
+        self.invariant_violations.inc(grew["invariant_violations"])
+        self.spec_drafts.inc(grew["spec_verify_rows"])
+        self.spec_draft_tokens.inc(grew["spec_draft_tokens"])
+        self.spec_accepted_tokens.inc(grew["spec_accepted_tokens"])
+        for key, n in grew.items():
+            if key.startswith(SPEC_POSITION_KEY) and n:
+                self.spec_accepted_at(int(key[len(SPEC_POSITION_KEY):])).inc(n)
 
     def finished(self, finish_reason: str | None) -> None:
         reason = finish_reason if finish_reason in self.success else "error"

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
-from ..metrics import EngineMetrics
+from ..metrics import EngineMetrics, engine_counters
 from .admission import LoadView
 from .config import EngineConfig
 from .outputs import Logprob
@@ -120,20 +120,6 @@ class _Group:
 
 MAX_PENDING_CACHE_EVENTS = 4096  # a reader further behind gets one "reset" instead (and resyncs)
 
-_COUNTERS = ("prefix_query_tokens", "kv_hit_tokens", "checkpoint_hit_tokens", "preemptions",
-             "invariant_violations", "spec_verify_rows", "spec_draft_tokens", "spec_accepted_tokens")  # stats()
-_SPEC_POS = "spec_accepted_tokens_pos"  # + draft position: accepted tokens there (stats())
-
-
-def engine_counters(engine) -> dict[str, int]:
-    """Cumulative engine counters from `engine.stats()` (0 for any it does not keep), the
-    speculative per-position counts included."""
-    stats = engine.stats() if hasattr(engine, "stats") else {}
-    counters = {k: int(stats.get(k, 0)) for k in _COUNTERS}
-    counters.update({k: int(v) for k, v in stats.items() if k.startswith(_SPEC_POS)})
-    return counters
-
-
 class AsyncLLMEngine:
     """Implements the replica's engine-client interface (`hybrid_serve.deploy.engine_client`)."""
 
@@ -147,7 +133,7 @@ class AsyncLLMEngine:
         self._wakeup = threading.Event()
         self._groups: dict[str, _Group] = {}  # engine thread only
         self._seq_owner: dict[str, tuple[_Group, _Seq]] = {}  # engine thread only
-        self._counters = engine_counters(engine)
+        self._counters = engine_counters(engine.stats() if hasattr(engine, "stats") else {})
         self._view: LoadView = engine.load_view()  # as of the last step, written by the engine thread
         self._cache_events: list = []  # taken from the engine each step, handed out by take_cache_events
         self._stopping = False
@@ -397,18 +383,6 @@ class AsyncLLMEngine:
         self.metrics.state_usage.set(stats.get("state_pool_usage_ratio", 0.0))
 
     def _update_counters(self) -> None:
-        now = engine_counters(self.engine)
-        grew = {k: max(0, now[k] - self._counters.get(k, 0)) for k in now}
+        now = engine_counters(self.engine.stats() if hasattr(self.engine, "stats") else {})
+        self.metrics.add_counters({k: max(0, now[k] - self._counters.get(k, 0)) for k in now})
         self._counters = now
-        m = self.metrics
-        m.prefix_queries.inc(grew["prefix_query_tokens"])
-        m.prefix_hits["kv"].inc(grew["kv_hit_tokens"])
-        m.prefix_hits["checkpoint"].inc(grew["checkpoint_hit_tokens"])
-        m.preemptions.inc(grew["preemptions"])
-        m.invariant_violations.inc(grew["invariant_violations"])
-        m.spec_drafts.inc(grew["spec_verify_rows"])
-        m.spec_draft_tokens.inc(grew["spec_draft_tokens"])
-        m.spec_accepted_tokens.inc(grew["spec_accepted_tokens"])
-        for key, n in grew.items():
-            if key.startswith(_SPEC_POS) and n:
-                m.spec_accepted_at(int(key[len(_SPEC_POS):])).inc(n)

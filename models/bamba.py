@@ -142,7 +142,9 @@ class BambaDecoderLayer(nn.Module):
         return self.feed_forward(hidden), residual
 
 
-class _Backbone(nn.Module):
+class BambaBackbone(nn.Module):
+    """`model.*` of Bamba and Falcon-H1: embed_tokens, layers, final_layernorm."""
+
     def __init__(self, hf_config, layers: list[nn.Module]) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
@@ -174,7 +176,7 @@ class BambaForCausalLM(HybridForCausalLM):
         self.hf_config = hf_config
         self.layer_ids = block_layer_ids(hf_config)
         layers = [BambaDecoderLayer(hf_config, i, self.layer_ids) for i in range(hf_config.num_hidden_layers)]
-        self.model = _Backbone(hf_config, layers)
+        self.model = BambaBackbone(hf_config, layers)
         self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
 

@@ -24,8 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .base import HybridForCausalLM
-from .bamba import BambaAttention, BambaMixer, check_silu
-from .layers import ColumnParallelLinear, ParallelLMHead, RMSNorm, RowParallelLinear, VocabParallelEmbedding
+from .bamba import BambaAttention, BambaBackbone, BambaMixer, check_silu
+from .layers import ColumnParallelLinear, ParallelLMHead, RMSNorm, RowParallelLinear
 from .layers import ops
 from .layers.attention import AttentionHeads
 from .layers.linear import LinearGroup
@@ -131,14 +131,6 @@ class FalconH1DecoderLayer(nn.Module):
         return self.feed_forward(hidden), residual
 
 
-class _Backbone(nn.Module):
-    def __init__(self, hf_config, layers: list[nn.Module]) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size)
-        self.layers = nn.ModuleList(layers)
-        self.final_layernorm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps)
-
-
 class FalconH1ForCausalLM(HybridForCausalLM):
     def __init__(self, hf_config) -> None:
         super().__init__()
@@ -149,7 +141,7 @@ class FalconH1ForCausalLM(HybridForCausalLM):
         num_layers = hf_config.num_hidden_layers
         self.layer_ids = LayerIdMap([STATE, ATTENTION] * num_layers)  # (mamba, attention) per layer
         layers = [FalconH1DecoderLayer(hf_config, i, self.layer_ids) for i in range(num_layers)]
-        self.model = _Backbone(hf_config, layers)
+        self.model = BambaBackbone(hf_config, layers)
         self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size)
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
 
