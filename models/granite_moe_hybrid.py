@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .base import HybridForCausalLM
 from .bamba import BambaAttention, BambaMixer, block_layer_ids, check_silu
@@ -61,7 +60,7 @@ class GraniteMoE(nn.Module):
         self.experts = FusedExperts(num_experts, hf_config.hidden_size, hf_config.intermediate_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x.float(), self.router.weight.float())  # [T, E]
+        logits = ops.router_logits(x, self.router.weight)  # [T, E]
         top_logits, topk_ids = logits.topk(self.top_k, dim=-1)  # [T, k]
         weights = torch.softmax(top_logits, dim=-1).to(x.dtype)
         return all_reduce(self.experts(x, topk_ids, weights)).to(x.dtype)

@@ -18,7 +18,7 @@ import re
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from .layers import ops
 
 from .layers import ReplicatedLinear
 from .layers.moe import FusedExperts
@@ -49,7 +49,7 @@ class Lfm2MoeBlock(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, H] -> (weights [T, k] fp32, expert ids [T, k] int64)."""
-        scores = F.linear(x.float(), self.gate.weight.float()).sigmoid()  # [T, E]
+        scores = ops.router_logits(x, self.gate.weight).sigmoid()  # [T, E]
         choice = scores if self.expert_bias is None else scores + self.expert_bias.float()
         topk_ids = choice.topk(self.top_k, dim=-1)[1]  # [T, k]
         weights = scores.gather(1, topk_ids)

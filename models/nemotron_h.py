@@ -111,7 +111,7 @@ class NemotronHRouter(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: [T, hidden] -> (topk_weights [T, k] fp32, topk_ids [T, k] int64)."""
-        scores = F.linear(hidden.float(), self.weight.float()).sigmoid()  # [T, E]
+        scores = ops.router_logits(hidden, self.weight).sigmoid()  # [T, E]
         choice = scores + self.e_score_correction_bias.float()
         grouped = choice.view(-1, self.num_groups, self.num_experts // self.num_groups)  # [T, Gr, E/Gr]
         group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)  # [T, Gr]

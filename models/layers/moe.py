@@ -24,7 +24,6 @@ import re
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import ops
 from .linear import ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
@@ -116,7 +115,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H] (complete, all-reduced across ranks)."""
         # the router in fp32: in bf16, near-tied experts flip and the output jumps
-        router_logits = F.linear(x.float(), self.gate.weight.float())  # [T, E]
+        router_logits = ops.router_logits(x, self.gate.weight)  # [T, E]
         topk_weights, topk_ids = softmax_topk(router_logits, self.top_k, self.norm_topk_prob)  # [T, K]
         topk_weights = topk_weights.to(x.dtype)
         out = all_reduce(self.experts(x, topk_ids, topk_weights)).to(x.dtype)  # [T, H]

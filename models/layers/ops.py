@@ -68,6 +68,19 @@ def _linear_fp32_out(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x.float(), weight.float())
 
 
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """MoE router logits in fp32: x [T, H], weight [E, H] -> [T, E] float32.
+
+    Half-precision operands go through `linear(..., out_dtype=torch.float32)` (products of
+    bf16/fp16 values are exact in fp32, so this equals upcasting first), which for a decode
+    batch is the skinny kernel: a row's logits then do not depend on how many other rows the
+    step carries, so an eager step of 5 rows routes exactly as the CUDA graph padded to 8
+    (cuBLAS's fp32 GEMM picks other algorithms by row count and near-tied experts flipped)."""
+    if x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
+        return linear(x, weight, out_dtype=torch.float32)
+    return F.linear(x.float(), weight.float())
+
+
 # ----- activations ------------------------------------------------------------------------------
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """gate_up: [T, 2F] (gate | up) -> silu(gate) * up [T, F]; one launch on the kernel path."""
