@@ -3,7 +3,7 @@
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics (the whole application's hybrid_serve_* metrics), GET /openapi.json (needs the
 API key when one is set; /docs and /redoc are served only without one). `create_app` needs no Ray,
-so tests can drive it with a `LocalBackend`. Past the ingress's bound on generation requests
+so tests can drive it with a `LocalBackend` (`replica_calls.py`). Past the ingress's bound on generation requests
 in flight (`InFlightLimit`) a request gets 503 + Retry-After before any work is done for it.
 """
 from __future__ import annotations

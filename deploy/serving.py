@@ -3,8 +3,8 @@
     body (pydantic) ─▶ prompts (token ids) + SamplingParams ─▶ backend.generate per prompt
         ─▶ first item Started | GenerateError ─▶ JSON response, or SSE chunks
 
-A `Backend` is what reaches the replicas: `ServeBackend` (a Serve handle, in `ingress.py`)
-or `LocalBackend` (an in-process `LLMServerImpl`, for tests and tools).
+A `Backend` is what reaches the replicas (`replica_calls.py`: the protocol, `LocalBackend`,
+the retries on other replicas; `ServeBackend` in `ingress.py`).
 """
 from __future__ import annotations
 
@@ -12,20 +12,19 @@ import asyncio
 import logging
 import time
 import uuid
-from contextlib import suppress
-from dataclasses import dataclass
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator
 
-from ..engine.async_engine import ModelInfo, RequestDelta
+from ..engine.async_engine import ModelInfo
 from ..engine.sampling_params import SamplingParams
 from ..engine.validation import ContextLengthError, PromptError, validate_prompt
 from ..metrics import IngressMetrics
 from . import responses as R
 from .config import AppConfig
-from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, bad_request, internal, model_not_found,
-                     retry_after_from, unavailable)
+from .errors import (OVERLOADED, APIError, GenerateError, bad_request, internal, model_not_found, retry_after_from,
+                     unavailable)
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .server import GenerateRequest, LLMServerImpl, Started
+from .replica_calls import Backend, Job, call_replicas, close, merge
+from .server import GenerateRequest
 
 logger = logging.getLogger(__name__)
 
@@ -33,43 +32,6 @@ GREEDY_EPS = 1e-5  # temperatures below this sample greedily (as vLLM)
 MIN_TOP_P = 1e-6  # smaller top_p (e.g. 5e-324) rounds to 0 in fp32 and would mask every token
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 ROUTING_POLICY = "serve_pow2"
-REPLICA_ATTEMPTS = 4  # tries of one request on replicas that fail or refuse it before its first token
-REPLICA_RETRY_WINDOW_S = 30.0  # ... all within this long (Serve drops a dead replica within seconds)
-REPLICA_RETRY_BACKOFF_S = 0.25  # times the attempt number, between tries after a failure (none after a refusal)
-
-
-class Backend(Protocol):
-    async def model_info(self) -> ModelInfo: ...
-
-    def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]: ...
-
-    async def check_health(self) -> None: ...
-
-
-class LocalBackend:
-    """Calls one in-process replica directly (no Ray)."""
-
-    def __init__(self, server: LLMServerImpl) -> None:
-        self.server = server
-
-    async def model_info(self) -> ModelInfo:
-        return self.server.model_info()
-
-    def generate(self, request: GenerateRequest):
-        return self.server.generate(request)
-
-    async def check_health(self) -> None:
-        self.server.check_health()
-
-
-@dataclass
-class _Job:
-    """One prompt's generation on one replica."""
-
-    prompt_index: int
-    num_prompt_tokens: int
-    stream: AsyncIterator
-    num_cached_tokens: int = 0
 
 
 class OpenAIServing:
@@ -245,15 +207,16 @@ class OpenAIServing:
         try:
             return await self._collect(obj, rid, body, jobs, top_n)
         finally:
-            await _close(jobs)
+            await close(jobs)
 
     async def _start(self, rid: str, prompts: list[list[int]], params: list[SamplingParams],
-                     session_id: str | None = None) -> list[_Job]:
-        jobs: list[_Job] = []
+                     session_id: str | None = None) -> list[Job]:
+        jobs: list[Job] = []
         try:
             for i, (ids, p) in enumerate(zip(prompts, params)):
-                stream = self._generate(GenerateRequest(f"{rid}-{i}", ids, p, session_id))
-                jobs.append(_Job(i, len(ids), stream))
+                stream = call_replicas(self.backend, GenerateRequest(f"{rid}-{i}", ids, p, session_id),
+                                       self.config.max_replicas, self._first_token)
+                jobs.append(Job(i, len(ids), stream))
                 first = await stream.__anext__()
                 if isinstance(first, GenerateError):
                     if first.status_code == 503 and first.retry_after_s is None:  # the ingress queue was full
@@ -262,77 +225,14 @@ class OpenAIServing:
                 if self.metrics is not None:
                     self.metrics.router_decision(first.replica, ROUTING_POLICY)
         except BaseException:
-            await _close(jobs)
+            await close(jobs)
             raise
         return jobs
 
-    async def _generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
-        """`backend.generate`, with replica failures and refusals hidden while they can be: a
-        replica that dies or cannot be reached before this request's first token is replaced
-        by another (up to REPLICA_ATTEMPTS tries within REPLICA_RETRY_WINDOW_S), and so is one
-        that refuses it as overloaded, at once, until as many replicas as there can be
-        (`config.max_replicas`) have refused (then 503 + the smallest Retry-After they gave);
-        after a token has gone out a failure is raised (`errors.replica_failed`: 503, or an
-        SSE error event)."""
-        begin = time.monotonic()
-        deadline = begin + REPLICA_RETRY_WINDOW_S
-        started, answered = False, False
-        refused_by: set[str] = set()
-        soonest: int | None = None  # the smallest Retry-After of the refusals
-        for attempt in range(1, REPLICA_ATTEMPTS + 1):
-            produced, retry, refused = False, False, False
-            stream = self.backend.generate(request)
-            try:
-                async for item in stream:
-                    if isinstance(item, Started):
-                        if not started:
-                            started = True
-                            yield item
-                        continue
-                    if isinstance(item, GenerateError):
-                        more = attempt < REPLICA_ATTEMPTS and time.monotonic() < deadline
-                        if item.code == OVERLOADED and item.replica is not None:  # a replica's own refusal
-                            refused = True
-                            refused_by.add(item.replica)
-                            if item.retry_after_s is not None:
-                                soonest = item.retry_after_s if soonest is None else min(soonest, item.retry_after_s)
-                                item.retry_after_s = soonest
-                            retry = more and len(refused_by) < self.config.max_replicas
-                        else:
-                            retry = item.code == REPLICA_FAILED and more
-                        if retry:
-                            break
-                        if started:  # a refusal after another replica took the request
-                            raise item.to_api_error()
-                        yield item
-                        return
-                    produced = True
-                    if not answered:
-                        answered = True
-                        self._first_token(time.monotonic() - begin)
-                    yield item
-            except APIError as exc:
-                if exc.code != REPLICA_FAILED or produced or attempt == REPLICA_ATTEMPTS or \
-                        time.monotonic() >= deadline:
-                    raise
-                retry = True
-            finally:
-                with suppress(Exception):
-                    await stream.aclose()
-            if not retry:
-                return
-            if refused:  # another replica may have room now: no wait
-                logger.debug("request %s: refused by an overloaded replica; trying another (attempt %d)",
-                             request.request_id, attempt + 1)
-                continue
-            logger.warning("request %s: replica failed before its first token; retrying (attempt %d)",
-                           request.request_id, attempt + 1)
-            await asyncio.sleep(REPLICA_RETRY_BACKOFF_S * attempt)
-
-    async def _collect(self, obj: str, rid: str, body: SamplingFields, jobs: list[_Job], top_n: int | None) -> dict:
+    async def _collect(self, obj: str, rid: str, body: SamplingFields, jobs: list[Job], top_n: int | None) -> dict:
         n = body.n
         choices = [R.Choice(j.prompt_index * n + i) for j in jobs for i in range(n)]
-        async for job, delta in _merge(jobs):
+        async for job, delta in merge(jobs):
             job.num_cached_tokens = delta.num_cached_tokens
             for seq in delta.seqs:
                 choices[job.prompt_index * n + seq.index].add(seq)
@@ -340,11 +240,11 @@ class OpenAIServing:
         build = R.completion_response if obj == "text_completion" else R.chat_response
         return build(rid, int(time.time()), self.model_name, choices, top_n, use)
 
-    def _usage(self, jobs: list[_Job], completion_tokens: int) -> dict:
+    def _usage(self, jobs: list[Job], completion_tokens: int) -> dict:
         return R.usage(sum(j.num_prompt_tokens for j in jobs), completion_tokens,
                        sum(j.num_cached_tokens for j in jobs))
 
-    async def _stream(self, obj: str, rid: str, body: SamplingFields, jobs: list[_Job],
+    async def _stream(self, obj: str, rid: str, body: SamplingFields, jobs: list[Job],
                       top_n: int | None) -> AsyncIterator[str]:
         created, n, chat = int(time.time()), body.n, obj == "chat.completion"
         opts = body.stream_options
@@ -356,7 +256,7 @@ class OpenAIServing:
             if chat:
                 for index in range(len(jobs) * n):
                     yield R.sse(R.chat_chunk(rid, created, self.model_name, index, None, top_n))
-            async for job, delta in _merge(jobs):
+            async for job, delta in merge(jobs):
                 job.num_cached_tokens = delta.num_cached_tokens
                 for seq in delta.seqs:
                     index = job.prompt_index * n + seq.index
@@ -381,44 +281,6 @@ class OpenAIServing:
             logger.exception("stream %s failed", rid)
             yield R.sse(internal(f"generation failed: {type(exc).__name__}: {exc}").body())
         finally:
-            await _close(jobs)
+            await close(jobs)
         yield R.DONE
 
-
-async def _merge(jobs: list[_Job]) -> AsyncIterator[tuple[_Job, RequestDelta]]:
-    """Deltas of all jobs as they come."""
-    if len(jobs) == 1:
-        async for delta in jobs[0].stream:
-            yield jobs[0], delta
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(job: _Job) -> None:
-        try:
-            async for delta in job.stream:
-                await queue.put((job, delta))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            await queue.put((job, exc))
-        await queue.put((job, None))
-
-    tasks = [asyncio.create_task(pump(j)) for j in jobs]
-    try:
-        remaining = len(jobs)
-        while remaining:
-            job, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield job, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _close(jobs: list[_Job]) -> None:
-    for job in jobs:
-        with suppress(Exception):
-            await job.stream.aclose()

@@ -15,7 +15,8 @@ from hybrid_serve.deploy.ingress import create_app
 from hybrid_serve.deploy.protocol import ChatCompletionRequest, CompletionRequest
 from hybrid_serve.deploy.errors import GenerateError
 from hybrid_serve.deploy.server import LLMServerImpl, Started
-from hybrid_serve.deploy.serving import LocalBackend, OpenAIServing
+from hybrid_serve.deploy.replica_calls import LocalBackend
+from hybrid_serve.deploy.serving import OpenAIServing
 from hybrid_serve.engine.admission import LoadView
 from hybrid_serve.engine.async_engine import EngineDeadError, ModelInfo, RequestDelta, SeqDelta
 from hybrid_serve.engine.tokenizer import load_tokenizer
@@ -566,12 +567,12 @@ def test_replica_failure_after_a_token_ends_cleanly(tokenizer):
 
 
 def test_replicas_failing_every_time_give_503_not_500(tokenizer, monkeypatch):
-    from hybrid_serve.deploy import serving as serving_module
+    from hybrid_serve.deploy import replica_calls
 
-    monkeypatch.setattr(serving_module, "REPLICA_RETRY_BACKOFF_S", 0.0)
+    monkeypatch.setattr(replica_calls, "REPLICA_RETRY_BACKOFF_S", 0.0)
     client, backend = _flaky_client(tokenizer, ["dead"])
     resp = client.post("/v1/completions", json={"prompt": "hi"})
-    assert _error(resp, 503)["code"] == "replica_failed" and backend.attempts == serving_module.REPLICA_ATTEMPTS
+    assert _error(resp, 503)["code"] == "replica_failed" and backend.attempts == replica_calls.REPLICA_ATTEMPTS
 
 
 # ----- config and metrics --------------------------------------------------------------------

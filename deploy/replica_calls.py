@@ -1,0 +1,168 @@
+"""Calls from the ingress to the replicas: the `Backend` protocol, `LocalBackend`, one
+request's call with failures and refusals hidden while they can be (`call_replicas`), and
+the streams of a request's prompts (`Job`, `merge`, `close`).
+
+    call_replicas(backend, request) ─▶ Started ─▶ RequestDelta ... (or one GenerateError)
+        attempt 1: backend.generate ─▶ refused "overloaded" / failed before a token ─▶ attempt 2 ...
+
+A `Backend` is what reaches the replicas: `ServeBackend` (a Serve handle, in `ingress.py`)
+or `LocalBackend` (an in-process `LLMServerImpl`, for tests and tools).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Protocol
+
+from ..engine.async_engine import ModelInfo, RequestDelta
+from .errors import OVERLOADED, REPLICA_FAILED, APIError, GenerateError
+from .server import GenerateRequest, LLMServerImpl, Started
+
+logger = logging.getLogger(__name__)
+
+REPLICA_ATTEMPTS = 4  # tries of one request on replicas that fail or refuse it before its first token
+REPLICA_RETRY_WINDOW_S = 30.0  # ... all within this long (Serve drops a dead replica within seconds)
+REPLICA_RETRY_BACKOFF_S = 0.25  # times the attempt number, between tries after a failure (none after a refusal)
+
+
+class Backend(Protocol):
+    async def model_info(self) -> ModelInfo: ...
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]: ...
+
+    async def check_health(self) -> None: ...
+
+
+class LocalBackend:
+    """Calls one in-process replica directly (no Ray)."""
+
+    def __init__(self, server: LLMServerImpl) -> None:
+        self.server = server
+
+    async def model_info(self) -> ModelInfo:
+        return self.server.model_info()
+
+    def generate(self, request: GenerateRequest):
+        return self.server.generate(request)
+
+    async def check_health(self) -> None:
+        self.server.check_health()
+
+
+async def call_replicas(backend: Backend, request: GenerateRequest, max_replicas: int,
+                        on_first_token: Callable[[float], None] | None = None
+                        ) -> AsyncIterator[Started | GenerateError | RequestDelta]:
+    """`backend.generate`, with replica failures and refusals hidden while they can be: a
+    replica that dies or cannot be reached before this request's first token is replaced
+    by another (up to REPLICA_ATTEMPTS tries within REPLICA_RETRY_WINDOW_S), and so is one
+    that refuses it as overloaded, at once, until as many replicas as there can be
+    (`max_replicas`) have refused (then 503 + the smallest Retry-After they gave); after a
+    token has gone out a failure is raised (`errors.replica_failed`: 503, or an SSE error
+    event). `on_first_token(seconds since the first try)` is called once, at the first delta."""
+    begin = time.monotonic()
+    deadline = begin + REPLICA_RETRY_WINDOW_S
+    started, answered = False, False
+    refused_by: set[str] = set()
+    soonest: int | None = None  # the smallest Retry-After of the refusals
+    for attempt in range(1, REPLICA_ATTEMPTS + 1):
+        produced, retry, refused = False, False, False
+        stream = backend.generate(request)
+        try:
+            async for item in stream:
+                if isinstance(item, Started):
+                    if not started:
+                        started = True
+                        yield item
+                    continue
+                if isinstance(item, GenerateError):
+                    more = attempt < REPLICA_ATTEMPTS and time.monotonic() < deadline
+                    if item.code == OVERLOADED and item.replica is not None:  # a replica's own refusal
+                        refused = True
+                        refused_by.add(item.replica)
+                        if item.retry_after_s is not None:
+                            soonest = item.retry_after_s if soonest is None else min(soonest, item.retry_after_s)
+                            item.retry_after_s = soonest
+                        retry = more and len(refused_by) < max_replicas
+                    else:
+                        retry = item.code == REPLICA_FAILED and more
+                    if retry:
+                        break
+                    if started:  # a refusal after another replica took the request
+                        raise item.to_api_error()
+                    yield item
+                    return
+                produced = True
+                if not answered:
+                    answered = True
+                    if on_first_token is not None:
+                        on_first_token(time.monotonic() - begin)
+                yield item
+        except APIError as exc:
+            if exc.code != REPLICA_FAILED or produced or attempt == REPLICA_ATTEMPTS or \
+                    time.monotonic() >= deadline:
+                raise
+            retry = True
+        finally:
+            with suppress(Exception):
+                await stream.aclose()
+        if not retry:
+            return
+        if refused:  # another replica may have room now: no wait
+            logger.debug("request %s: refused by an overloaded replica; trying another (attempt %d)",
+                         request.request_id, attempt + 1)
+            continue
+        logger.warning("request %s: replica failed before its first token; retrying (attempt %d)",
+                       request.request_id, attempt + 1)
+        await asyncio.sleep(REPLICA_RETRY_BACKOFF_S * attempt)
+
+
+@dataclass
+class Job:
+    """One prompt's generation on one replica."""
+
+    prompt_index: int
+    num_prompt_tokens: int
+    stream: AsyncIterator
+    num_cached_tokens: int = 0
+
+
+async def merge(jobs: list[Job]) -> AsyncIterator[tuple[Job, RequestDelta]]:
+    """Deltas of all jobs as they come."""
+    if len(jobs) == 1:
+        async for delta in jobs[0].stream:
+            yield jobs[0], delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(job: Job) -> None:
+        try:
+            async for delta in job.stream:
+                await queue.put((job, delta))
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((job, exc))
+        await queue.put((job, None))
+
+    tasks = [asyncio.create_task(pump(j)) for j in jobs]
+    try:
+        remaining = len(jobs)
+        while remaining:
+            job, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield job, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def close(jobs: list[Job]) -> None:
+    for job in jobs:
+        with suppress(Exception):
+            await job.stream.aclose()
