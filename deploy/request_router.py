@@ -7,21 +7,26 @@
                         PrefixAwarePolicy.rank(ids, stats) ─▶ [[best], [the rest]]
                       on_request_routed ─▶ index.record_sent(replica, ids)
 
-Each router keeps its own `BlockPrefixIndex` (one per ingress replica), fed by what it sent
-and corrected by the replicas' cache events, which every replica keeps in a ring with
-sequence numbers (`CacheEventRing`): a router applies the events newer than the last it
-saw, and forgets a replica when it missed some (the ring moved past it) or the replica
-died. Routing never waits on anything but this process's memory.
+The index is shared by every router through the named Router actor (actors/router.py):
+fed by what each router sent and corrected by the replicas' cache events, which every
+replica keeps in a ring with sequence numbers beside the checkpoints it holds
+(`CacheEventRing`): the events newer than the last applied are applied, and a replica whose
+events were missed (the ring moved past them, the actor restarted) is rebuilt from its live
+checkpoints. Routing never waits on anything but this process's memory.
 """
 from __future__ import annotations
 
 import logging
 from collections import deque
+from contextlib import nullcontext
 from typing import Any
 
+import ray
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
-from ..routing import BlockPrefixIndex, PrefixAwarePolicy, ReplicaStats, RoutingRequest, cache_event
+from ..actors.router import RouterClient, get_router, router_name
+from ..routing import Placement, PowerOfTwoChoices, PrefixAwarePolicy, ReplicaStats, RoutingRequest, cache_event
+from ..routing.shared_index import SharedPrefixIndex
 
 logger = logging.getLogger(__name__)
 
@@ -29,56 +34,91 @@ EVENTS_KEY = "cache_events"  # in a replica's routing stats: [(seq, event dict),
 
 
 class CacheEventRing:
-    """A replica's recent cache events with sequence numbers (the last `capacity`), as its
-    routing stats carry them to every router."""
+    """A replica's recent cache events with sequence numbers (the last `capacity`), and the
+    checkpoints it holds now (taken, not evicted since: at most its state slots, so small),
+    as its routing stats carry them to every router. A router that missed events rebuilds
+    the replica from those checkpoints (routing/shared_index.py)."""
 
-    def __init__(self, page_size: int, capacity: int = 4096) -> None:
+    def __init__(self, page_size: int, capacity: int = 4096, max_checkpoints: int = 65536) -> None:
         self.page_size = page_size
         self.events: deque[tuple[int, dict]] = deque(maxlen=capacity)
         self.next_seq = 1
+        self.max_checkpoints = max_checkpoints
+        self.checkpoints: dict[int, None] = {}  # block hash ending at a live checkpoint (insertion order)
 
     def extend(self, events) -> None:
         """mem_cache.CacheEvent objects, as the engine took them."""
         for e in events:
-            self.events.append((self.next_seq, cache_event(e.kind, e.token_ids, self.page_size, e.start)))
+            event = cache_event(e.kind, e.token_ids, self.page_size, e.start)
+            self.events.append((self.next_seq, event))
             self.next_seq += 1
+            self._track(event)
 
-    def snapshot(self) -> list[tuple[int, dict]]:
-        return list(self.events)
+    def _track(self, event: dict) -> None:
+        kind, hashes = event["kind"], event.get("block_hashes") or []
+        if kind == "reset":
+            self.checkpoints.clear()
+        elif kind == "checkpoint_taken" and hashes:
+            self.checkpoints.pop(hashes[-1], None)
+            self.checkpoints[hashes[-1]] = None
+            if len(self.checkpoints) > self.max_checkpoints:  # (a bound only: predicts less)
+                self.checkpoints.pop(next(iter(self.checkpoints)))
+        else:  # checkpoint_evicted, kv_evicted
+            for h in hashes:
+                self.checkpoints.pop(h, None)
+
+    def snapshot(self) -> dict:
+        """{"seq": last event number, "events": [(seq, event), ...], "checkpoints": [hashes]}"""
+        return {"seq": self.next_seq - 1, "events": list(self.events), "checkpoints": list(self.checkpoints)}
 
 
 class HybridRequestRouter(RequestRouter):
-    """Prefix- and checkpoint-aware placement (routing.PrefixAwarePolicy) for LLMServer."""
+    """Prefix- and checkpoint-aware placement (routing.PrefixAwarePolicy) for LLMServer.
+
+    Shared (the default where Ray runs): the index is the local copy of the named Router
+    actor's (actors/router.py), so every ingress replica routes from one view; while the actor
+    is unreachable, power of two choices (reason "fallback"). Otherwise (`shared_index=False`,
+    or no Ray) a `SharedPrefixIndex` of this router's own."""
 
     def initialize_state(self, page_size: int = 16, checkpoint_interval: int = 256, hybrid: bool = True,
-                         seed: int | None = None, **policy_kwargs: Any) -> None:
-        self.index = BlockPrefixIndex(page_size, checkpoint_interval, hybrid)
-        self.policy = PrefixAwarePolicy(self.index, seed=seed, **policy_kwargs)
-        self.last_seq: dict[str, int] = {}
+                         seed: int | None = None, shared_index: bool = True, refresh_period_s: float = 0.2,
+                         stale_after_s: float = 2.0, **policy_kwargs: Any) -> None:
+        self.client: RouterClient | None = None
+        self.own: SharedPrefixIndex | None = None
+        if shared_index and ray.is_initialized():
+            app = getattr(getattr(self, "_deployment_id", None), "app_name", "default")
+            name = router_name(app, page_size, checkpoint_interval, hybrid)
+            self.client = RouterClient(lambda: get_router(name, page_size, checkpoint_interval, hybrid),
+                                       page_size, checkpoint_interval, hybrid, refresh_period_s=refresh_period_s,
+                                       stale_after_s=stale_after_s)
+            index = self.client.local
+        else:
+            self.own = SharedPrefixIndex(page_size, checkpoint_interval, hybrid, log_capacity=1)
+            index = self.own.index
+        self.index = index
+        self.policy = PrefixAwarePolicy(index, seed=seed, **policy_kwargs)
+        self.fallback = PowerOfTwoChoices(seed)
+        self.lock = self.client.lock if self.client is not None else nullcontext()
         self.decisions: dict[str, int] = {}
 
     # ----- the replicas' reports ---------------------------------------------------------------
-    def _apply_events(self, replica_id: str, events: list) -> None:
-        if not events:
-            return
-        last = self.last_seq.get(replica_id, 0)
-        if events[0][0] > last + 1 and last:  # the ring moved past what we saw: resync from scratch
-            self.index.forget_replica(replica_id)
-        for seq, event in events:
-            if seq > last:
-                self.index.apply_event(replica_id, event)
-        self.last_seq[replica_id] = max(last, events[-1][0])
-
     def _stats(self, replica: RunningReplica) -> ReplicaStats:
         replica_id = replica.replica_id.unique_id
         stats = replica.routing_stats or {}
-        self._apply_events(replica_id, stats.get(EVENTS_KEY) or [])
+        report = stats.get(EVENTS_KEY)
+        if report:
+            if self.client is not None:
+                self.client.report(replica_id, report)
+            else:
+                self.own.report(replica_id, report)
         return ReplicaStats.from_dict(replica_id, stats)
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)
-        self.index.forget_replica(replica_id.unique_id)
-        self.last_seq.pop(replica_id.unique_id, None)
+        if self.client is not None:
+            self.client.forget(replica_id.unique_id)
+        else:
+            self.own.forget(replica_id.unique_id)
 
     # ----- routing -------------------------------------------------------------------------------
     @staticmethod
@@ -91,6 +131,13 @@ class HybridRequestRouter(RequestRouter):
             return None
         return RoutingRequest(ids, getattr(request, "session_id", None))
 
+    def place(self, request: RoutingRequest, replicas: list[ReplicaStats]) -> Placement:
+        """The decision, from this process's memory only."""
+        if self.client is not None and self.client.index() is None:
+            return Placement(self.fallback.choose(request, replicas).replica_id, "fallback")
+        with self.lock:
+            return self.policy.rank(request, replicas)
+
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
@@ -99,12 +146,17 @@ class HybridRequestRouter(RequestRouter):
         if request is None:  # e.g. model_info / check_health calls: any replica
             return [candidate_replicas]
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        placement = self.policy.rank(request, [self._stats(r) for r in candidate_replicas])
+        placement = self.place(request, [self._stats(r) for r in candidate_replicas])
         self.decisions[placement.reason] = self.decisions.get(placement.reason, 0) + 1
         best = by_id[placement.replica_id]
         return [[best], [r for r in candidate_replicas if r is not best]]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         request = self._routing_request(pending_request)
-        if request is not None:
-            self.policy.record(replica_id.unique_id, request)
+        if request is None:
+            return
+        if self.client is not None:
+            self.client.record_sent(replica_id.unique_id, request.prompt_token_ids)
+        else:
+            self.index.record_sent(replica_id.unique_id, request.prompt_token_ids)
+        self.policy.record_session(replica_id.unique_id, request)

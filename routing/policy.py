@@ -118,6 +118,9 @@ class PrefixAwarePolicy:
     def record(self, replica_id: str, request: RoutingRequest) -> None:
         """The request went to `replica_id`: its blocks will be cached there, its session lives there."""
         self.index.record_sent(replica_id, request.prompt_token_ids)
+        self.record_session(replica_id, request)
+
+    def record_session(self, replica_id: str, request: RoutingRequest) -> None:
         if request.session_id:
             self.sessions.pop(request.session_id, None)
             self.sessions[request.session_id] = replica_id

@@ -105,7 +105,14 @@ class BlockPrefixIndex:
         return block_hashes(prompt_token_ids, self.page_size, max(len(prompt_token_ids) - 1, 0))
 
     def record_sent(self, replica_id: str, prompt_token_ids: Sequence[int]) -> None:
-        hashes = self._usable_hashes(prompt_token_ids)
+        self.record_hashes(replica_id, self.sent_hashes(prompt_token_ids))
+
+    def sent_hashes(self, prompt_token_ids: Sequence[int]) -> list[int]:
+        """What `record_sent` records of a prompt (a placement travels as these hashes)."""
+        return self._usable_hashes(prompt_token_ids)
+
+    def record_hashes(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """`record_sent` from the prompt's `sent_hashes`."""
         blocks = self._replica(replica_id)
         last = len(hashes) - 1  # the prompt-end checkpoint: the last page boundary before its last token
         for i, h in enumerate(hashes):
@@ -134,16 +141,35 @@ class BlockPrefixIndex:
     def forget_replica(self, replica_id: str) -> None:
         self.replicas.pop(replica_id, None)
 
+    def restore_checkpoints(self, replica_id: str, hashes: Sequence[int]) -> None:
+        """Rebuild `replica_id` from the checkpoints it reports it holds (the blocks ending at
+        them; a chained hash stands for its whole prefix, which the replica's radix tree holds
+        while it holds the checkpoint). Everything predicted there before is forgotten."""
+        self.replicas.pop(replica_id, None)
+        blocks = self._replica(replica_id)
+        for h in hashes:
+            blocks.touch(h, checkpoint=True)
+
+    def snapshot(self) -> dict[str, list[tuple[int, bool]]]:
+        """replica_id -> its blocks (hash, checkpoint at its end), oldest first: `load` rebuilds
+        an equal index."""
+        return {rid: list(r.blocks.items()) for rid, r in self.replicas.items()}
+
+    def load(self, snapshot: dict[str, list[tuple[int, bool]]]) -> None:
+        self.replicas = {}
+        for replica_id, items in snapshot.items():
+            blocks = self._replica(replica_id)
+            for h, checkpoint in items:
+                blocks.touch(h, checkpoint)
+
     def match(self, prompt_token_ids: Sequence[int]) -> dict[str, int]:
         hashes = self._usable_hashes(prompt_token_ids)
         out = {}
         for replica_id, replica in self.replicas.items():
             blocks, best = replica.blocks, 0
-            for i, h in enumerate(hashes):
+            for i, h in enumerate(hashes):  # a chained hash stands for its whole prefix: no early stop
                 checkpoint = blocks.get(h)
-                if checkpoint is None:
-                    break
-                if checkpoint or not self.hybrid:
+                if checkpoint or (checkpoint is not None and not self.hybrid):
                     best = i + 1
             if best:
                 out[replica_id] = best * self.page_size

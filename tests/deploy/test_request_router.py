@@ -4,13 +4,14 @@ from types import SimpleNamespace
 
 from hybrid_serve.deploy.request_router import EVENTS_KEY, CacheEventRing, HybridRequestRouter
 from hybrid_serve.mem_cache import CacheEvent
+from hybrid_serve.routing import block_hashes
 
 PS = 4
 
 
 def _router() -> HybridRequestRouter:
     router = object.__new__(HybridRequestRouter)  # the Serve-side constructor needs a running controller
-    router.initialize_state(page_size=PS, checkpoint_interval=16, seed=0)
+    router.initialize_state(page_size=PS, checkpoint_interval=16, seed=0, shared_index=False)
     return router
 
 
@@ -27,8 +28,20 @@ def test_ring_numbers_events_and_keeps_the_last_ones():
     ring.extend([CacheEvent("checkpoint_taken", tuple(range(16)), 12), CacheEvent("reset")])
     ring.extend([CacheEvent("kv_evicted", tuple(range(16)), 8)] * 3)
     snap = ring.snapshot()
-    assert [seq for seq, _ in snap] == [3, 4, 5]
-    assert len(snap[0][1]["block_hashes"]) == 2  # blocks 2..3 of the evicted span
+    assert snap["seq"] == 5 and [seq for seq, _ in snap["events"]] == [3, 4, 5]
+    assert len(snap["events"][0][1]["block_hashes"]) == 2  # blocks 2..3 of the evicted span
+
+
+def test_ring_keeps_the_live_checkpoints():
+    ring = CacheEventRing(PS)
+    ring.extend([CacheEvent("checkpoint_taken", tuple(range(16))), CacheEvent("checkpoint_taken", tuple(range(32)))])
+    ring.extend([CacheEvent("checkpoint_taken", tuple(range(100, 116)))])
+    assert len(ring.snapshot()["checkpoints"]) == 3
+    ring.extend([CacheEvent("checkpoint_evicted", tuple(range(16)))])
+    ring.extend([CacheEvent("kv_evicted", tuple(range(32)), 16)])  # blocks 4..7: the one at 32 goes too
+    assert ring.snapshot()["checkpoints"] == [block_hashes(list(range(100, 116)), PS)[-1]]
+    ring.extend([CacheEvent("reset")])
+    assert ring.snapshot()["checkpoints"] == []
 
 
 def test_router_places_by_prefix_and_forgets_what_replicas_evicted():
@@ -37,7 +50,7 @@ def test_router_places_by_prefix_and_forgets_what_replicas_evicted():
     router = _router()
     prompt = list(range(40))
     ring = CacheEventRing(PS)
-    a, b = _replica("a", {"num_free_state_slots": 4}), _replica("b", {"num_free_state_slots": 4, EVENTS_KEY: []})
+    a, b = _replica("a", {"num_free_state_slots": 4}), _replica("b", {"num_free_state_slots": 4, EVENTS_KEY: {}})
     first = asyncio.run(router.choose_replicas([a, b], _pending(prompt)))
     chosen = first[0][0]
     router.on_request_routed(_pending(prompt), chosen.replica_id, None)
@@ -52,13 +65,16 @@ def test_router_places_by_prefix_and_forgets_what_replicas_evicted():
     assert router.decisions["prefix"] >= 1
 
 
-def test_router_resyncs_a_replica_whose_events_it_missed():
+def test_router_rebuilds_a_replica_whose_events_it_missed_from_its_checkpoints():
     router = _router()
     prompt = list(range(40))
+    hashes = block_hashes(prompt, PS)
+    router.own.report("a", {"seq": 1, "events": [(1, {"kind": "checkpoint_taken", "block_hashes": [1]})]})
     router.index.record_sent("a", prompt)
-    router._apply_events("a", [(1, {"kind": "checkpoint_taken", "block_hashes": [1]})])
     assert router.index.match(prompt) == {"a": 36}
-    router._apply_events("a", [(7, {"kind": "checkpoint_taken", "block_hashes": [2]})])  # 2..6 were missed
-    assert router.index.match(prompt) == {} and router.last_seq["a"] == 7
-    router._apply_events("a", [(7, {"kind": "reset"})])  # already seen: not applied again
-    assert router.last_seq["a"] == 7
+    missed = {"seq": 7, "events": [(7, {"kind": "checkpoint_taken", "block_hashes": [2]})],  # 2..6 missed
+              "checkpoints": [hashes[3]]}  # what the replica still holds: the checkpoint at 16
+    router.own.report("a", missed)
+    assert router.index.match(prompt) == {"a": 16} and router.own.last_seq["a"] == 7
+    router.own.report("a", {"seq": 7, "events": [(7, {"kind": "reset"})]})  # already seen: not applied again
+    assert router.index.match(prompt) == {"a": 16}
