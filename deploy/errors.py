@@ -63,7 +63,9 @@ def retry_after_from(seconds: float | None) -> int:
 
 
 REPLICA_FAILED = "replica_failed"
+ENGINE_DEAD = "engine_dead"  # a replica whose engine died: it can serve nothing more until Serve replaces it
 OVERLOADED = "overloaded"
+REPLICA_FAILURES = (REPLICA_FAILED, ENGINE_DEAD)  # retried on another replica while the request has no token
 
 
 def replica_failed(message: str) -> APIError:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Protocol
 
 from ..engine.async_engine import ModelInfo, RequestDelta
-from .errors import OVERLOADED, REPLICA_FAILED, APIError, GenerateError
+from .errors import OVERLOADED, REPLICA_FAILURES, APIError, GenerateError
 from .server import GenerateRequest, LLMServerImpl, Started
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,13 @@ async def call_replicas(backend: Backend, request: GenerateRequest, max_replicas
                         on_first_token: Callable[[float], None] | None = None
                         ) -> AsyncIterator[Started | GenerateError | RequestDelta]:
     """`backend.generate`, with replica failures and refusals hidden while they can be: a
-    replica that dies or cannot be reached before this request's first token is replaced
-    by another (up to REPLICA_ATTEMPTS tries within REPLICA_RETRY_WINDOW_S), and so is one
+    replica that dies, cannot be reached or whose engine died (`errors.REPLICA_FAILURES`)
+    before this request's first token is replaced by another (up to REPLICA_ATTEMPTS tries
+    within REPLICA_RETRY_WINDOW_S, a short back-off between them), and so is one
     that refuses it as overloaded, at once, until as many replicas as there can be
     (`max_replicas`) have refused (then 503 + the smallest Retry-After they gave); after a
-    token has gone out a failure is raised (`errors.replica_failed`: 503, or an SSE error
-    event). `on_first_token(seconds since the first try)` is called once, at the first delta."""
+    token has gone out a failure is raised (503 with its code, or an SSE error event).
+    `on_first_token(seconds since the first try)` is called once, at the first delta."""
     begin = time.monotonic()
     deadline = begin + REPLICA_RETRY_WINDOW_S
     started, answered = False, False
@@ -87,10 +88,10 @@ async def call_replicas(backend: Backend, request: GenerateRequest, max_replicas
                             item.retry_after_s = soonest
                         retry = more and len(refused_by) < max_replicas
                     else:
-                        retry = item.code == REPLICA_FAILED and more
+                        retry = item.code in REPLICA_FAILURES and more and not produced
                     if retry:
                         break
-                    if started:  # a refusal after another replica took the request
+                    if started:  # after a token, or a refusal after another replica took the request
                         raise item.to_api_error()
                     yield item
                     return
@@ -101,7 +102,7 @@ async def call_replicas(backend: Backend, request: GenerateRequest, max_replicas
                         on_first_token(time.monotonic() - begin)
                 yield item
         except APIError as exc:
-            if exc.code != REPLICA_FAILED or produced or attempt == REPLICA_ATTEMPTS or \
+            if exc.code not in REPLICA_FAILURES or produced or attempt == REPLICA_ATTEMPTS or \
                     time.monotonic() >= deadline:
                 raise
             retry = True

@@ -9,10 +9,12 @@ its placement group (`placement_group_bundles`); only the engine client changes.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from ray import serve
 
@@ -21,7 +23,7 @@ from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta
 from ..engine.sampling_params import SamplingParams
 from .config import AppConfig
 from .engine_client import EngineClient, EngineFactory, make_engine_client
-from .errors import OVERLOADED, GenerateError, retry_after_from
+from .errors import ENGINE_DEAD, OVERLOADED, GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
 from .request_router import EVENTS_KEY, CacheEventRing
 
@@ -53,7 +55,11 @@ class LLMServerImpl:
     requests leave free (max_num_seqs - num_answered) requests in the queue, or
     `max_waiting_tokens` prompt tokens, a new one is refused at once with 503 ("overloaded",
     which the ingress tries on another replica) and a Retry-After of about how long the queue
-    now takes to reach a first token (a moving average)."""
+    now takes to reach a first token (a moving average).
+
+    A dead engine (before or during a request) is answered as an item, not raised: a
+    `GenerateError` with code `engine_dead` naming this replica, which the ingress retries on
+    another replica while the request has no token; `on_engine_dead` is then called once."""
 
     TTFT_SMOOTHING = 0.2  # weight of the newest time-to-first-token in the average
 
@@ -69,6 +75,8 @@ class LLMServerImpl:
         self.num_answered = 0  # requests past their first token, not yet ended
         self.ttft_avg_s: float | None = None  # moving average, from arrival here to the first delta
         self.cache_events = CacheEventRing(config.engine_config().page_size)
+        self.on_engine_dead: Callable[[], None] | None = None  # the Serve replica leaves (`LLMServer`)
+        self.engine_dead = False
 
     def routing_stats(self) -> dict:
         """What Serve hands the request router: the load admission sees, and the recent cache
@@ -100,7 +108,7 @@ class LLMServerImpl:
         try:
             self.engine.check_health()
         except EngineDeadError as exc:
-            yield GenerateError(503, str(exc), code="engine_dead")
+            yield self._dead(exc)
             return
         arrived, answered = time.monotonic(), False
         self.queue.enter(num_tokens)
@@ -116,6 +124,8 @@ class LLMServerImpl:
                         self.num_answered += 1
                         self._first_token(time.monotonic() - arrived)
                     yield delta
+            except EngineDeadError as exc:  # the engine died under this request
+                yield self._dead(exc)
             finally:
                 await stream.aclose()
         finally:  # finished, aborted (the caller closed the stream) or failed
@@ -124,6 +134,15 @@ class LLMServerImpl:
             else:
                 self.queue.leave(num_tokens)
 
+    def _dead(self, exc: EngineDeadError) -> GenerateError:
+        if not self.engine_dead:
+            self.engine_dead = True
+            logger.error("replica %s: its engine is dead (%s)", self.replica, exc)
+            if self.on_engine_dead is not None:
+                self.on_engine_dead()
+        return GenerateError(503, f"replica {self.replica} cannot serve: {exc}", code=ENGINE_DEAD,
+                             replica=self.replica)
+
     def check_health(self) -> None:
         self.engine.check_health()
 
@@ -131,15 +150,25 @@ class LLMServerImpl:
         self.engine.shutdown()
 
 
+ENGINE_DEAD_EXIT_DELAY_S = 1.0  # a replica whose engine died exits this long after it first says so
+
+
 @serve.deployment(name="LLMServer", health_check_period_s=10, health_check_timeout_s=30,
                   graceful_shutdown_timeout_s=20)
 class LLMServer:
-    """Serve replica wrapper: metrics push, health checks, shutdown."""
+    """Serve replica wrapper: metrics push, health checks, shutdown.
+
+    A replica whose engine died leaves (its process exits, ENGINE_DEAD_EXIT_DELAY_S after its
+    first `engine_dead` answer has gone out), so that Serve replaces it and stops routing to
+    it at once, not after 3 failed health checks (30 s) during which its router would prefer
+    it: it answers at once, so it looks the least loaded."""
 
     async def __init__(self, config: AppConfig, engine_factory: EngineFactory | None = None) -> None:
         ctx = serve.get_replica_context()
         replica = ctx.replica_id.unique_id
         self.impl = LLMServerImpl(config, replica, engine_factory)
+        loop = asyncio.get_running_loop()
+        self.impl.on_engine_dead = lambda: loop.call_later(ENGINE_DEAD_EXIT_DELAY_S, os._exit, 1)
         self.pusher = MetricsPusher(get_hub(ctx.app_name), f"server:{replica}", config.metrics_push_interval_s)
         self.pusher.start()
 

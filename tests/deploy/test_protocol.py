@@ -314,10 +314,9 @@ def test_replica_admission_bounds_requests_and_tokens_waiting_for_a_first_token(
         engine.gate.set()
         done = [d async for d in request(7, 10)]  # to the end: answered, then not
         assert isinstance(done[0], Started) and done[-1].finished and server.num_answered == 0
-        engine.fail_after = 1
-        with pytest.raises(EngineDeadError):
-            async for _ in request(8, 10):
-                pass
+        engine.fail_after = 1  # the engine dies after a token: the stream ends with an engine_dead item
+        items = [d async for d in request(8, 10)]
+        assert isinstance(items[-1], GenerateError) and items[-1].code == "engine_dead" and items[-2].seqs
         assert (server.queue.num_requests, server.num_answered) == (0, 0)  # an error after a token, too
 
     asyncio.run(scenario())
@@ -511,17 +510,30 @@ def test_the_ingress_refuses_past_its_in_flight_bound_before_any_work(tokenizer)
 
 class FlakyBackend(LocalBackend):
     """Replica attempts, scripted: "dead" (unreachable before Started), "before" (dies after
-    Started, before a token), "after" (dies after one token), "ok"."""
+    Started, before a token), "after" (dies after one token), "engine_dead" (a replica whose
+    engine died earlier), "engine_dies" (its engine dies before this request's first token),
+    "engine_dies_after" (... after its first token), "ok". The engine modes are real
+    `LLMServerImpl`s over a `FakeEngine` that is dead or raises EngineDeadError."""
 
     def __init__(self, server, script):
         super().__init__(server)
         self.script, self.attempts = list(script), 0
+        dead = FakeEngine()
+        dead.dead = True
+        engines = {"engine_dead": dead, "engine_dies": FakeEngine(fail_after=0),
+                   "engine_dies_after": FakeEngine(fail_after=1)}
+        self.engine_servers = {mode: LLMServerImpl(server.config, mode, engine_factory=lambda c, r, e=e: e)
+                               for mode, e in engines.items()}
 
     async def generate(self, request):
         from hybrid_serve.deploy.errors import REPLICA_FAILED, replica_failed
 
         mode = self.script[min(self.attempts, len(self.script) - 1)]
         self.attempts += 1
+        if mode in self.engine_servers:
+            async for item in self.engine_servers[mode].generate(request):
+                yield item
+            return
         if mode == "dead":
             yield GenerateError(503, "the replica failed (ActorDiedError)", code=REPLICA_FAILED)
             return
@@ -549,6 +561,43 @@ def test_replica_failure_before_the_first_token_is_retried_elsewhere(tokenizer, 
     text = "".join(json.loads(e)["choices"][0]["text"] for e in _events(resp.text)[:-1]) if stream \
         else resp.json()["choices"][0]["text"]
     assert text == "Hello there!"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_replica_whose_engine_died_is_retried_elsewhere_before_the_first_token(tokenizer, stream, monkeypatch):
+    """An engine found dead at arrival, or dying under the request before its first token:
+    503 engine_dead from that replica, tried on another like any replica failure; the dead
+    replicas are told once (their Serve wrapper then leaves)."""
+    from hybrid_serve.deploy import replica_calls
+
+    monkeypatch.setattr(replica_calls, "REPLICA_RETRY_BACKOFF_S", 0.0)
+    client, backend = _flaky_client(tokenizer, ["engine_dead", "engine_dies", "ok"])
+    told = []
+    for mode, server in backend.engine_servers.items():
+        server.on_engine_dead = lambda mode=mode: told.append(mode)
+    resp = client.post("/v1/completions", json={"prompt": "hi", "stream": stream})
+    assert resp.status_code == 200 and backend.attempts == 3
+    text = "".join(json.loads(e)["choices"][0]["text"] for e in _events(resp.text)[:-1]) if stream \
+        else resp.json()["choices"][0]["text"]
+    assert text == "Hello there!" and told == ["engine_dead", "engine_dies"]
+    client.post("/v1/completions", json={"prompt": "hi"})  # a second request there: told only once
+    assert told == ["engine_dead", "engine_dies"]
+
+
+def test_an_engine_dying_after_a_token_ends_cleanly(tokenizer):
+    """After a token: no retry; 503 + Retry-After with code engine_dead (non-streaming), an
+    SSE error event then [DONE] (streaming), never a 500 or a server_error event."""
+    client, backend = _flaky_client(tokenizer, ["engine_dies_after", "ok"])
+    resp = client.post("/v1/completions", json={"prompt": "hi"})
+    assert _error(resp, 503)["code"] == "engine_dead" and resp.headers["retry-after"] == "1"
+    assert backend.attempts == 1
+    client, backend = _flaky_client(tokenizer, ["engine_dies_after", "ok"])
+    resp = client.post("/v1/completions", json={"prompt": "hi", "stream": True})
+    events = _events(resp.text)
+    assert resp.status_code == 200 and events[-1] == "[DONE]" and backend.attempts == 1
+    assert json.loads(events[0])["choices"][0]["text"] == "Hello"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "service_unavailable_error" and error["code"] == "engine_dead"
 
 
 def test_replica_failure_after_a_token_ends_cleanly(tokenizer):
