@@ -71,14 +71,14 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
             request_router_class=HybridRequestRouter, request_routing_stats_period_s=config.router_stats_period_s,
             request_router_kwargs={"page_size": engine.page_size,
                                    "checkpoint_interval": engine.state_checkpoint_interval})
-    bounds = config.queue_bounds()  # past them: 503 + Retry-After (the replica's, or Serve's BackPressureError)
+    bounds = config.queue_bounds()  # past them: 503 + Retry-After (the ingress's, or the replica's)
     if config.autoscaling_config is not None:
         options["autoscaling_config"] = config.autoscaling_config
     else:
         options["num_replicas"] = config.replicas
     logging = access_logging(config.enable_log_requests)
     server = LLMServer.options(ray_actor_options=rank0, max_ongoing_requests=bounds["max_ongoing_requests"],
-                               max_queued_requests=bounds["max_queued_requests"], logging_config=logging,
+                               max_queued_requests=bounds["serve_max_queued_requests"], logging_config=logging,
                                **options)
     # the ingress answers 503 itself past max_ingress_requests generation requests in flight;
     # Serve's cap on its calls is above that, so that the proxy never queues ahead of it

@@ -159,7 +159,15 @@ class AppConfig:
         (max_replicas x max_ongoing_requests + max_queued_requests: all Serve can place or
         queue; past it 503 before any work), and the ingress deployment's own Serve
         max_ongoing_requests (twice that + 32, room for the 503s being answered and for
-        /health, /metrics, /v1/models: Serve's proxy never queues ahead of the ingress)."""
+        /health, /metrics, /v1/models: Serve's proxy never queues ahead of the ingress).
+
+        `serve_max_queued_requests`, the cap given to Serve's own queue of the engine
+        deployment, is the ingress's bound, so that it never binds: Serve counts a request as
+        queued until a replica has accepted it (a round trip) and a replica counts one as
+        ongoing until its handler has returned, both after the ingress has seen the request
+        before it end; at the bound a request let in by the ingress would find Serve's queue
+        still full and get a 503 after being parsed and tokenized. Its queue cannot hold more
+        than the ingress has in flight, and the ingress is the one bound."""
         engine = self.engine_config(weights=False)
         waiting = self.max_waiting_requests or engine.max_num_seqs
         ongoing = self.max_ongoing_requests or engine.max_num_seqs + waiting
@@ -170,6 +178,7 @@ class AppConfig:
                 "max_ongoing_requests": ongoing,
                 "max_queued_requests": queued,
                 "max_ingress_requests": ingress,
+                "serve_max_queued_requests": ingress,
                 "ingress_max_ongoing_requests": 2 * ingress + 32}
 
     def tokenizer_path(self) -> str:

@@ -208,9 +208,10 @@ def test_build_app_sets_access_logging_on_both_deployments(enabled):
 
 
 def test_build_app_sizes_both_deployments_from_the_queue_bounds():
-    """The engine replicas take max_ongoing_requests calls each and Serve queues
-    max_queued_requests more; the ingress refuses past replicas x that + the queue itself, and
-    Serve's cap on the ingress is above its bound (the proxy never queues ahead of it)."""
+    """The engine replicas take max_ongoing_requests calls each and max_queued_requests more
+    may wait for them: the ingress refuses past replicas x that + the queue itself; Serve's own
+    queue is capped at the ingress's bound (it never binds: it would refuse after tokenizing),
+    and Serve's cap on the ingress is above its bound (the proxy never queues ahead of it)."""
     from hybrid_serve.deploy.app import build_app
     from hybrid_serve.deploy.config import AppConfig
 
@@ -221,7 +222,7 @@ def test_build_app_sizes_both_deployments_from_the_queue_bounds():
     ingress = build_app(args)._bound_deployment
     engine = ingress.init_args[1]._bound_deployment
     assert engine._deployment_config.max_ongoing_requests == 12
-    assert engine._deployment_config.max_queued_requests == 4
+    assert engine._deployment_config.max_queued_requests == bounds["max_ingress_requests"]
     assert ingress._deployment_config.max_ongoing_requests == bounds["ingress_max_ongoing_requests"] > 40
     scaled = AppConfig(autoscaling_config={"min_replicas": 1, "max_replicas": 5}, engine_args={"max_num_seqs": 8})
     assert scaled.max_replicas == 5 and scaled.queue_bounds()["max_ingress_requests"] == 5 * 16 + 8
