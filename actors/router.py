@@ -1,6 +1,6 @@
-"""The `Router` actor: the one prefix index every Serve RequestRouter shares (and, later in
-this file's life, the cluster-wide suffix index), and `RouterClient`, the local copy a
-RequestRouter routes from.
+"""The `Router` actor: the one prefix index every Serve RequestRouter shares and the
+cluster-wide suffix index (fed and copied by actors/suffix_feed.py), and `RouterClient`,
+the local copy a RequestRouter routes from.
 
     HybridRequestRouter (ingress 1) ─┐ every refresh_period_s, from a background thread:
     HybridRequestRouter (ingress 2) ─┼─▶ Router.sync(version, placements, replica reports, forgets)
@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import ray
 
-from ..routing import BlockPrefixIndex
+from ..routing import BlockPrefixIndex, SuffixIndex
 from ..routing.shared_index import SharedPrefixIndex, apply_ops
 
 logger = logging.getLogger(__name__)
@@ -40,13 +40,25 @@ def router_name(app_name: str, page_size: int, checkpoint_interval: int, hybrid:
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_concurrency=1)
 class Router:
-    """Thin: a `SharedPrefixIndex` and the clock. Every call is one short, local operation."""
+    """Thin: a `SharedPrefixIndex`, a `SuffixIndex` and the clock. Every call is one short,
+    local operation."""
 
     def __init__(self, page_size: int, checkpoint_interval: int, hybrid: bool = True,
-                 replica_ttl_s: float = 300.0, log_capacity: int = 200_000) -> None:
+                 replica_ttl_s: float = 300.0, log_capacity: int = 200_000, suffix_max_tokens: int = 1 << 22) -> None:
         self.epoch = uuid.uuid4().hex
         self.shared = SharedPrefixIndex(page_size, checkpoint_interval, hybrid, log_capacity=log_capacity)
+        self.suffix = SuffixIndex(max_tokens=suffix_max_tokens)
         self.replica_ttl_s = replica_ttl_s
+
+    def add_documents(self, documents: Sequence[Sequence[int]]) -> None:
+        """Finished requests' prompt + output token ids, from any replica (fire and forget)."""
+        for tokens in documents:
+            self.suffix.add(tokens)
+
+    def documents_since(self, doc_id: int) -> dict:
+        """The suffix documents a copy holding ids < `doc_id` of this epoch lacks."""
+        first, documents = self.suffix.documents_since(doc_id)
+        return {"epoch": self.epoch, "first_id": first, "documents": documents}
 
     def sync(self, version: int, placements: Sequence[tuple[str, list[int]]] = (),
              reports: dict | None = None, forgets: Sequence[str] = ()) -> dict:
@@ -68,7 +80,8 @@ class Router:
 
     def stats(self) -> dict:
         return {"epoch": self.epoch, "version": self.shared.version, "num_blocks": self.shared.num_blocks(),
-                "num_replicas": len(self.shared.index.replicas), "num_rebuilds": self.shared.num_rebuilds}
+                "num_replicas": len(self.shared.index.replicas), "num_rebuilds": self.shared.num_rebuilds,
+                "suffix_documents": len(self.suffix), "suffix_tokens": self.suffix.num_tokens}
 
 
 def get_router(name: str, page_size: int, checkpoint_interval: int, hybrid: bool = True):

@@ -107,3 +107,21 @@ def test_killed_actor_falls_back_then_recovers_from_replica_reports(ray_local, t
     stats = ray_local.get(actor.stats.remote())
     assert stats["epoch"] != epoch and stats["num_rebuilds"] >= 2
     assert _place(first, replicas, prompt).replica_id == "a"
+
+
+def test_suffix_feed_shares_finished_requests_across_replicas(ray_local):
+    from hybrid_serve.actors.router import get_router
+    from hybrid_serve.actors.suffix_feed import SuffixFeed
+
+    name = "hybrid_serve_router:suffix-test"
+    feeds = [SuffixFeed(lambda: get_router(name, PS, INTERVAL), refresh_period_s=0.05) for _ in range(2)]
+    try:
+        prompt, output = list(range(100, 140)), list(range(500, 520))
+        feeds[0].add_finished(prompt, output)
+        # the other replica's local copy proposes the first one's output for the same tail
+        assert _wait_for(lambda: feeds[1].propose(prompt, 4)) == [500, 501, 502, 503]
+        assert feeds[1].num_proposals >= 1
+    finally:
+        for feed in feeds:
+            feed.stop()
+        ray_local.kill(ray_local.get_actor(name, namespace="hybrid_serve"), no_restart=True)
