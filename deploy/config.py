@@ -39,12 +39,17 @@ class AppConfig:
     num_gpus_per_shard: float | None = None  # default: 1 on cuda, 0 on cpu
     torch_num_threads: int | None = None  # default: num_cpus_per_replica (at least 1)
     # Admission (engine/admission.py): beyond these bounds a request gets 503 + Retry-After at once
-    # instead of waiting without limit. Defaults (None) keep the wait to about one batch's turn:
+    # instead of waiting without limit. The defaults (None) keep an accepted request's wait for a
+    # batch row within one turn of the batch (its rows each free within one request's prefill +
+    # max_tokens steps): per replica 3/4 of max_num_seqs may wait, so under overload more is
+    # refused at once and what is accepted starts soon; larger values admit more of a burst
+    # and make it wait longer (throughput is the same once the rows stay full):
     max_waiting_requests: int | None = None  # per replica, requests without a first token beyond the rows
-    #                                          answered requests leave free; max_num_seqs
+    #                                          answered requests leave free; max_num_seqs // 2
     max_waiting_tokens: int | None = None  # per replica, prompt tokens without a first token; 8 x batched tokens
     max_ongoing_requests: int | None = None  # Serve's per-replica calls; max_num_seqs + max_waiting_requests
-    max_queued_requests: int | None = None  # at the ingress, for all replicas busy; max_waiting_requests
+    max_queued_requests: int | None = None  # at the ingress, for all replicas busy; max_replicas x
+    #                                         max_waiting_requests // 2
     # (the ingress refuses past max_replicas x max_ongoing_requests + max_queued_requests in flight)
     api_key: str | None = None  # also read from $HYBRID_SERVE_API_KEY; "${NAME}": from $NAME
     max_body_bytes: int = 8 * 1024 * 1024  # larger bodies get 413
@@ -169,9 +174,9 @@ class AppConfig:
         still full and get a 503 after being parsed and tokenized. Its queue cannot hold more
         than the ingress has in flight, and the ingress is the one bound."""
         engine = self.engine_config(weights=False)
-        waiting = self.max_waiting_requests or engine.max_num_seqs
+        waiting = self.max_waiting_requests or max(1, engine.max_num_seqs // 2)
         ongoing = self.max_ongoing_requests or engine.max_num_seqs + waiting
-        queued = self.max_queued_requests or waiting
+        queued = self.max_queued_requests or max(1, self.max_replicas * waiting // 2)
         ingress = self.max_replicas * ongoing + queued
         return {"max_waiting_requests": waiting,
                 "max_waiting_tokens": self.max_waiting_tokens or 8 * engine.max_num_batched_tokens,

@@ -4,6 +4,7 @@ args are AppConfig's (engine_args EngineConfig's); build_app builds from serve.y
 import copy
 import dataclasses
 import importlib
+import math
 import os
 import typing
 
@@ -217,12 +218,27 @@ def test_build_app_sizes_both_deployments_from_the_queue_bounds():
 
     args = {"replicas": 3, "engine_args": {"max_num_seqs": 8}, "max_waiting_requests": 4}
     bounds = AppConfig.from_args(args).queue_bounds()
-    assert (bounds["max_ongoing_requests"], bounds["max_queued_requests"]) == (12, 4)
-    assert bounds["max_ingress_requests"] == 3 * 12 + 4
+    assert (bounds["max_ongoing_requests"], bounds["max_queued_requests"]) == (12, 3 * 4 // 2)
+    assert bounds["max_ingress_requests"] == 3 * 12 + 6
     ingress = build_app(args)._bound_deployment
     engine = ingress.init_args[1]._bound_deployment
     assert engine._deployment_config.max_ongoing_requests == 12
     assert engine._deployment_config.max_queued_requests == bounds["max_ingress_requests"]
     assert ingress._deployment_config.max_ongoing_requests == bounds["ingress_max_ongoing_requests"] > 40
     scaled = AppConfig(autoscaling_config={"min_replicas": 1, "max_replicas": 5}, engine_args={"max_num_seqs": 8})
-    assert scaled.max_replicas == 5 and scaled.queue_bounds()["max_ingress_requests"] == 5 * 16 + 8
+    assert scaled.max_replicas == 5 and scaled.queue_bounds()["max_ingress_requests"] == 5 * (8 + 4) + 5 * 4 // 2
+
+
+def test_default_queues_keep_the_wait_within_one_turn_of_the_batch():
+    """Defaults: per replica half of max_num_seqs waits at the replica and, for each replica, a
+    quarter more at the ingress: an accepted request has fewer than max_num_seqs requests ahead
+    of it for a row (a row each, within one request's time in the batch); explicit values win."""
+    from hybrid_serve.deploy.config import AppConfig
+
+    for replicas, seqs in ((1, 16), (2, 16), (4, 256), (1, 1), (3, 5)):
+        b = AppConfig(replicas=replicas, engine_args={"max_num_seqs": seqs}).queue_bounds()
+        ahead = b["max_waiting_requests"] + math.ceil(b["max_queued_requests"] / replicas)
+        assert 1 <= b["max_waiting_requests"] and ahead <= max(2, seqs), (replicas, seqs, b)
+        assert b["max_ongoing_requests"] == seqs + b["max_waiting_requests"]
+    b = AppConfig(engine_args={"max_num_seqs": 16}, max_waiting_requests=20, max_queued_requests=7).queue_bounds()
+    assert (b["max_waiting_requests"], b["max_queued_requests"], b["max_ongoing_requests"]) == (20, 7, 36)
