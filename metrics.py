@@ -86,6 +86,24 @@ SPEC_ACCEPTED_PER_POS = _counter("hybrid_serve_spec_decode_num_accepted_tokens_p
 # ----- ingress / router -------------------------------------------------------------------
 ROUTER_DECISIONS = _counter("hybrid_serve_router_decisions_total",
                             "Requests placed on a replica (replica = the one chosen), by routing policy.", ("policy",))
+ROUTER_REASONS = _counter(
+    "hybrid_serve_router_decision_reasons_total",
+    "Placements by the prefix-aware router, by reason (prefix, session, pow2: nothing matched, imbalance: the "
+    "best match was overloaded, fallback: the Router actor unreachable); replica = the one chosen.", ("reason",))
+ROUTER_DECISION_TIME = _histogram("hybrid_serve_router_decision_seconds",
+                                  "Time of one prefix-aware routing decision (in the ingress process).",
+                                  (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1))
+ROUTER_PREDICTED_HIT_TOKENS = _counter(
+    "hybrid_serve_router_predicted_hit_tokens_total",
+    "Prompt tokens the router predicted the chosen replica reuses (ending at a state checkpoint); compare "
+    "with hybrid_serve_prefix_cache_hit_tokens_total{cache=\"checkpoint\"} of the same replica.")
+ROUTER_INDEX_BLOCKS = _gauge("hybrid_serve_router_index_blocks",
+                             "Blocks in the router's (local copy of the shared) prefix index, over all replicas.")
+ROUTER_INDEX_REPLICAS = _gauge("hybrid_serve_router_index_replicas", "Replicas the router's prefix index tracks.")
+SUFFIX_PROPOSALS = _counter("hybrid_serve_suffix_proposals_total",
+                            "Draft proposals served from the local copy of the cluster-wide suffix index.")
+SUFFIX_INDEX_TOKENS = _gauge("hybrid_serve_suffix_index_tokens",
+                             "Tokens held by the local copy of the cluster-wide suffix index.")
 HTTP_REQUESTS = _counter("hybrid_serve_http_requests_total",
                          "HTTP requests answered by the ingress (replica = the ingress replica).",
                          ("route", "status_code"))
@@ -159,6 +177,33 @@ class EngineMetrics:
         self.success[reason].inc()
 
 
+ROUTER_REASON_LABELS = ("prefix", "session", "pow2", "imbalance", "fallback")
+
+
+class RouterMetrics:
+    """The prefix-aware router's metrics (deploy/request_router.py) and the suffix drafter's
+    (actors/suffix_feed.py), `replica` bound to the process that records them (the ingress
+    replica the router runs in; the engine replica for suffix proposals); decisions and
+    predicted hits carry the chosen replica. Series exist at zero from construction."""
+
+    def __init__(self, model_name: str, replica: str) -> None:
+        lv = (model_name, replica)
+        self.model_name = model_name
+        self.decision_time = ROUTER_DECISION_TIME.labels(*lv)
+        self.index_blocks = ROUTER_INDEX_BLOCKS.labels(*lv)
+        self.index_replicas = ROUTER_INDEX_REPLICAS.labels(*lv)
+        self.suffix_proposals = SUFFIX_PROPOSALS.labels(*lv)
+        self.suffix_tokens = SUFFIX_INDEX_TOKENS.labels(*lv)
+        for reason in ROUTER_REASON_LABELS:
+            ROUTER_REASONS.labels(*lv, reason)
+        ROUTER_PREDICTED_HIT_TOKENS.labels(*lv)
+
+    def decision(self, chosen_replica: str, reason: str, predicted_hit_tokens: int, seconds: float) -> None:
+        ROUTER_REASONS.labels(self.model_name, chosen_replica, reason).inc()
+        ROUTER_PREDICTED_HIT_TOKENS.labels(self.model_name, chosen_replica).inc(predicted_hit_tokens)
+        self.decision_time.observe(seconds)
+
+
 class IngressMetrics:
     """The ingress's metrics: `replica` is this ingress replica for HTTP counts, and the
     chosen engine replica for router decisions."""
@@ -167,6 +212,7 @@ class IngressMetrics:
         self.model_name, self.replica = model_name, replica
         for route in ("/v1/completions", "/v1/chat/completions"):
             HTTP_REQUESTS.labels(model_name, replica, route, "200")
+        self.router = RouterMetrics(model_name, replica)  # the router runs in this process: its series at 0
 
     def router_decision(self, chosen_replica: str, policy: str) -> None:
         ROUTER_DECISIONS.labels(self.model_name, chosen_replica, policy).inc()

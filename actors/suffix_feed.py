@@ -27,8 +27,9 @@ class SuffixFeed:
     MAX_PENDING = 1024  # documents queued while the actor is away (oldest dropped)
 
     def __init__(self, get_actor: Callable, refresh_period_s: float = 0.5, call_timeout_s: float = 2.0,
-                 max_tokens: int = 1 << 22, start: bool = True) -> None:
+                 max_tokens: int = 1 << 22, metrics=None, start: bool = True) -> None:
         self.get_actor = get_actor
+        self.metrics = metrics  # a metrics.RouterMetrics bound to this replica, or None
         self.refresh_period_s, self.call_timeout_s, self.max_tokens = refresh_period_s, call_timeout_s, max_tokens
         self.local = SuffixIndex(max_tokens=max_tokens)
         self.lock = threading.Lock()
@@ -50,7 +51,10 @@ class SuffixFeed:
     def propose(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         with self.lock:
             tokens = self.local.propose(token_ids, num_tokens)
-        self.num_proposals += bool(tokens)
+        if tokens:
+            self.num_proposals += 1
+            if self.metrics is not None:
+                self.metrics.suffix_proposals.inc()
         return tokens
 
     def sync_once(self) -> None:
@@ -72,6 +76,8 @@ class SuffixFeed:
         for i, tokens in enumerate(documents):  # one document per lock hold: lookups interleave
             with self.lock:
                 self.local.extend(first + i, [tokens])
+        if self.metrics is not None:
+            self.metrics.suffix_tokens.set(self.local.num_tokens)
 
     def _loop(self) -> None:
         failures = 0

@@ -51,6 +51,7 @@ def _ratio(num: str, den: str, by: str = "") -> str:
 
 PREFIX_HITS = "hybrid_serve_prefix_cache_hit_tokens_total"
 PREFIX_QUERIES = f"hybrid_serve_prefix_cache_queries_total{{{SEL}}}"
+ROUTER_REASONS = "hybrid_serve_router_decision_reasons_total"
 
 OVERVIEW = [
     Row("Latency", [
@@ -108,7 +109,27 @@ OVERVIEW = [
     Row("Routing", [
         Panel("Router decisions/s by replica", [
             (f"sum by (replica, policy) (rate(hybrid_serve_router_decisions_total{{{SEL}}}[{RATE}]))",
-             "{{replica}} ({{policy}})")], "reqps", width=24),
+             "{{replica}} ({{policy}})")], "reqps", width=12),
+        Panel("Prefix-aware placements/s by reason", [
+            (f"sum by (reason) (rate({ROUTER_REASONS}{{{SEL}}}[{RATE}]))", "{{reason}}")], "reqps",
+              "prefix / session: placed by cached prefix or session; pow2: nothing matched; imbalance: the best "
+              "match was overloaded; fallback: the Router actor unreachable (power of two).", width=12),
+        Panel("Prefix-hit tokens per request: predicted vs realized", [
+            (_ratio(f"hybrid_serve_router_predicted_hit_tokens_total{{{SEL}}}", f"{ROUTER_REASONS}{{{SEL}}}"),
+             "predicted by the router"),
+            (_ratio(f'{PREFIX_HITS}{{{SEL},cache="checkpoint"}}', f"hybrid_serve_request_success_total{{{SEL}}}"),
+             "realized (reused up to a checkpoint)")], "short",
+              "A router that over-promises on hybrid models shows predicted above realized.", width=8),
+        Panel("Routing decision time (mean)", [
+            (_ratio(f"hybrid_serve_router_decision_seconds_sum{{{SEL}}}",
+                    f"hybrid_serve_router_decision_seconds_count{{{SEL}}}"), "per decision")], "s",
+              "In the ingress process, from the local copy of the shared index (no Ray call).", width=8),
+        Panel("Prefix index size and suffix drafts", [
+            (f"max(hybrid_serve_router_index_blocks{{{SEL}}})", "prefix index blocks (max over routers)"),
+            (f"max(hybrid_serve_router_index_replicas{{{SEL}}})", "replicas indexed"),
+            (f"sum(rate(hybrid_serve_suffix_proposals_total{{{SEL}}}[{RATE}]))", "suffix drafts served/s"),
+            (f"max(hybrid_serve_suffix_index_tokens{{{SEL}}})", "suffix index tokens (max copy)")], "short",
+              width=8),
     ]),
 ]
 

@@ -17,6 +17,7 @@ checkpoints. Routing never waits on anything but this process's memory.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from contextlib import nullcontext
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import ray
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from .. import metrics
 from ..actors.router import RouterClient, get_router, router_name
 from ..routing import Placement, PowerOfTwoChoices, PrefixAwarePolicy, ReplicaStats, RoutingRequest, cache_event
 from ..routing.shared_index import SharedPrefixIndex
@@ -72,6 +74,16 @@ class CacheEventRing:
         return {"seq": self.next_seq - 1, "events": list(self.events), "checkpoints": list(self.checkpoints)}
 
 
+def _ingress_label() -> str:
+    """The metrics' `replica` label of this process: the ingress replica the router runs in."""
+    try:
+        from ray import serve
+
+        return f"ingress:{serve.get_replica_context().replica_id.unique_id}"
+    except Exception:  # noqa: BLE001 - not inside a Serve replica (tests, a driver's handle)
+        return "router"
+
+
 class HybridRequestRouter(RequestRouter):
     """Prefix- and checkpoint-aware placement (routing.PrefixAwarePolicy) for LLMServer.
 
@@ -82,11 +94,12 @@ class HybridRequestRouter(RequestRouter):
 
     def initialize_state(self, page_size: int = 16, checkpoint_interval: int = 256, hybrid: bool = True,
                          seed: int | None = None, shared_index: bool = True, refresh_period_s: float = 0.2,
-                         stale_after_s: float = 2.0, **policy_kwargs: Any) -> None:
+                         stale_after_s: float = 2.0, model_name: str | None = None, **policy_kwargs: Any) -> None:
         self.client: RouterClient | None = None
         self.own: SharedPrefixIndex | None = None
+        app = getattr(getattr(self, "_deployment_id", None), "app_name", "default")
+        self.metrics = metrics.RouterMetrics(model_name or app, _ingress_label())
         if shared_index and ray.is_initialized():
-            app = getattr(getattr(self, "_deployment_id", None), "app_name", "default")
             name = router_name(app, page_size, checkpoint_interval, hybrid)
             self.client = RouterClient(lambda: get_router(name, page_size, checkpoint_interval, hybrid),
                                        page_size, checkpoint_interval, hybrid, refresh_period_s=refresh_period_s,
@@ -145,9 +158,14 @@ class HybridRequestRouter(RequestRouter):
         request = self._routing_request(pending_request)
         if request is None:  # e.g. model_info / check_health calls: any replica
             return [candidate_replicas]
+        started = time.perf_counter()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         placement = self.place(request, [self._stats(r) for r in candidate_replicas])
         self.decisions[placement.reason] = self.decisions.get(placement.reason, 0) + 1
+        self.metrics.decision(placement.replica_id, placement.reason, placement.predicted_hit_tokens,
+                              time.perf_counter() - started)
+        self.metrics.index_blocks.set(self.index.num_blocks())
+        self.metrics.index_replicas.set(len(self.index.replicas))
         best = by_id[placement.replica_id]
         return [[best], [r for r in candidate_replicas if r is not best]]
 

@@ -11,7 +11,7 @@ this package depends on no other part of hybrid_serve.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 
@@ -48,6 +48,7 @@ class ReplicaStats:
 class Placement:
     replica_id: str
     reason: str  # e.g. "pow2", "prefix", "session": a label for the decisions metric
+    predicted_hit_tokens: int = field(default=0, compare=False)  # the reusable prefix predicted there
 
 
 class PlacementPolicy(Protocol):
@@ -133,19 +134,18 @@ class PrefixAwarePolicy:
             raise ValueError("no replica to choose from")
         least_queue = min(r.queue_len for r in replicas)
         by_id = {r.replica_id: r for r in replicas}
-        placement = None
+        saved = self.index.match(request.prompt_token_ids)
         session = by_id.get(self.sessions.get(request.session_id, "")) if request.session_id else None
         if session is not None and self._balanced(session, least_queue):
-            placement = Placement(session.replica_id, "session")
-        if placement is None:
-            saved = self.index.match(request.prompt_token_ids)
+            replica_id, reason = session.replica_id, "session"
+        else:
             scored = [(saved.get(r.replica_id, 0) - self._cost(r), r) for r in replicas if saved.get(r.replica_id)]
-            if scored:
+            if not scored:
+                replica_id, reason = self.fallback.choose(request, replicas).replica_id, "pow2"
+            else:
                 best = max(scored, key=lambda sr: sr[0])[1]
                 if self._balanced(best, least_queue):
-                    placement = Placement(best.replica_id, "prefix")
+                    replica_id, reason = best.replica_id, "prefix"
                 else:
-                    placement = Placement(self.fallback.choose(request, replicas).replica_id, "imbalance")
-        if placement is None:
-            placement = self.fallback.choose(request, replicas)
-        return placement
+                    replica_id, reason = self.fallback.choose(request, replicas).replica_id, "imbalance"
+        return Placement(replica_id, reason, saved.get(replica_id, 0))

@@ -78,3 +78,26 @@ def test_router_rebuilds_a_replica_whose_events_it_missed_from_its_checkpoints()
     assert router.index.match(prompt) == {"a": 16} and router.own.last_seq["a"] == 7
     router.own.report("a", {"seq": 7, "events": [(7, {"kind": "reset"})]})  # already seen: not applied again
     assert router.index.match(prompt) == {"a": 16}
+
+
+def test_router_metrics_record_reasons_predicted_hits_and_index_size():
+    import asyncio
+
+    from hybrid_serve import metrics
+
+    router = _router()
+    prompt = list(range(40))
+    a, b = _replica("ma", {"num_free_state_slots": 4}), _replica("mb", {"num_free_state_slots": 4})
+
+    def value(name, **labels):
+        return metrics.REGISTRY.get_sample_value(name, {"model_name": "default", **labels}) or 0.0
+
+    before = value("hybrid_serve_router_decision_seconds_count", replica="router")
+    first = asyncio.run(router.choose_replicas([a, b], _pending(prompt)))[0][0]
+    router.on_request_routed(_pending(prompt), first.replica_id, None)
+    asyncio.run(router.choose_replicas([a, b], _pending(prompt + [1])))
+    chosen = first.replica_id.unique_id
+    assert value("hybrid_serve_router_decision_reasons_total", replica=chosen, reason="prefix") == 1
+    assert value("hybrid_serve_router_predicted_hit_tokens_total", replica=chosen) == 36
+    assert value("hybrid_serve_router_decision_seconds_count", replica="router") == before + 2
+    assert value("hybrid_serve_router_index_blocks", replica="router") == router.index.num_blocks() > 0
