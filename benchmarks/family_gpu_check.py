@@ -91,13 +91,13 @@ def write_config(family: str, out_dir: str) -> str:
     return path
 
 
-def gpu_dummy_checkpoint(cls, hf_config, seed: int, device):
+def gpu_dummy_checkpoint(cls, hf_config, seed: int, device, enable_mtp: bool = False):
     """`loader.dummy_checkpoint`'s weights (same names, distribution, bf16 rounding), drawn on the GPU."""
     from hybrid_serve.distributed import tp_context
     from hybrid_serve.models.loader import build_model
 
     with tp_context(rank=0, size=1), torch.device("meta"):
-        full = build_model(cls, hf_config)
+        full = build_model(cls, hf_config, enable_mtp)
     full.tie_weights()
     modules = dict(full.named_modules())
     for name, param in full.named_parameters():

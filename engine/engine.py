@@ -23,6 +23,7 @@ from .sampler import adjust_logits, record_logprobs, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .spec.decoder import SpecDecoder
+from .spec.mtp import build_mtp_plan, step_rows
 from .spec.verify import VerifyRows, complete_verify
 from .tokenizer import eos_token_ids
 from .validation import ModelLimits, validate_prompt
@@ -38,6 +39,7 @@ class _Launched:
     tokens: PendingHostCopy | None = None
     logits: torch.Tensor | None = None  # kept when a request wants logprobs
     verify: VerifyRows | None = None  # a speculative verify step: its drafts and scratch rows
+    rows: list | None = None  # the step's batch rows (MTP drafting: engine/spec/mtp.py)
 
     @property
     def needs_logits(self) -> bool:
@@ -81,7 +83,9 @@ class LLMEngine:
         self.num_invariant_violations = 0  # idle-time pool checks that failed (logged, see step())
         # queue step N+1 before reading step N's tokens back (other ranks receive rank 0's
         # sampled tokens on the device: ModelRunner.execute)
-        self.overlap = config.async_scheduling
+        spec_config = config.speculative_config
+        self.mtp = spec_config is not None and spec_config.method == "mtp"  # MTP pass after every step
+        self.overlap = config.async_scheduling and not self.mtp
         self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
         self.num_generated_tokens = 0  # output tokens appended so far (all requests)
         self._last_step_end: float | None = None  # when the last step returned (speculation's timing)
@@ -192,6 +196,8 @@ class LLMEngine:
             self._inflight = launched
         else:
             outputs += self._complete(launched)
+            if self.mtp:
+                self._mtp_pass(launched)
         if self.config.check_integrity and not self.has_unfinished():
             self._check_idle_invariants()
         return outputs
@@ -231,9 +237,32 @@ class LLMEngine:
             if not req.finished:
                 req.num_pending_tokens += 1
         outputs += self._complete(launched)
+        if self.mtp:
+            self._mtp_pass(launched)
         if self.config.check_integrity and not self.has_unfinished():
             self._check_idle_invariants()
         return outputs
+
+    def _mtp_pass(self, launched: "_Launched") -> None:
+        """After a completed step: extend the MTP layers' KV over its verified positions and
+        draft for the requests that decode next (engine/spec/mtp.py)."""
+        if not launched.rows:
+            return
+        max_context = self.pool_setup.max_model_len
+
+        def ensure_kv(req, seq_len: int) -> bool:
+            return seq_len <= max_context and self.cache.ensure_kv(req.alloc, seq_len)
+
+        mtp_plan, drafting = build_mtp_plan(launched.rows, self.spec.config.num_speculative_tokens, ensure_kv)
+        if not mtp_plan.req_rows:
+            return
+        plan = self._plan([])
+        plan.mtp = mtp_plan
+        drafts = self._execute(plan)
+        if drafts is None:
+            return
+        for req, tokens in zip(drafting, drafts.tolist()):
+            self.spec.drafter.supply(req.request_id, len(req.token_ids), tokens)
 
     def _finish(self, req: Request) -> None:
         self.scheduler.finish(req)
@@ -257,20 +286,21 @@ class LLMEngine:
         logits = self._execute(plan)
         self.num_steps += 1
         sampling = [c.request for c in chunks if c.samples]
+        rows = step_rows(chunks) if self.mtp else None
         if not sampling:
-            return _Launched(sampling)
+            return _Launched(sampling, rows=rows)
         needs_logits = any(r.logprobs is not None for r in sampling)
         if plan.sample_counts:  # verify: every verified position samples, as plain decoding would
             verify = VerifyRows.of(chunks, plan.sample_counts)
             logits = adjust_logits(logits, verify.row_requests, verify.row_offsets)
             tokens = sample(logits, verify.row_requests, verify.row_offsets)  # [sum counts]
-            return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None, verify)
+            return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None, verify, rows)
         if self.logits_hook is not None:
             self.logits_hook(sampling, logits)
         logits = adjust_logits(logits, sampling)
         tokens = sample(logits, sampling)  # [S] on the device
         self.runner.record_sampled(plan, tokens)
-        return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None)
+        return _Launched(sampling, PendingHostCopy(tokens), logits if needs_logits else None, rows=rows)
 
     def _complete(self, launched: "_Launched") -> list[Request]:
         """Read a launched step's tokens back and hand them to their requests."""

@@ -51,6 +51,25 @@ class HybridForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         raise NotImplementedError
 
+    # ----- MTP heads (speculative decoding; models/mtp.py): submodule `mtp` once enabled --
+    def enable_mtp(self) -> None:
+        """Build the checkpoint's MTP layers (before loading weights), so `mtp.*` tensors load
+        instead of being skipped. Families without MTP heads refuse."""
+        raise ValueError(f"{type(self).__name__} has no MTP layers; speculative method 'mtp' needs a Qwen3-Next "
+                         f"or Qwen3.5 checkpoint with mtp_num_hidden_layers >= 1")
+
+    def mtp_forward(self, next_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                    fb: ForwardBatch) -> torch.Tensor:
+        """One MTP step: next_ids [T] (x_{p+1}), hidden [T, H] (h_p or the previous step's
+        output), positions [T] (p) -> the MTP hidden state [T, H] (see models/mtp.py)."""
+        raise ValueError(f"{type(self).__name__} was built without MTP layers (enable_mtp)")
+
+    @property
+    def num_kv_layers(self) -> int:
+        """KV pool layers: the target's attention layers, then the MTP layers' (if built)."""
+        mtp = getattr(self, "mtp", None)
+        return self.layer_ids.num_attn_layers + (mtp.num_kv_layers if mtp is not None else 0)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, H] -> logits [N, vocab] fp32."""
         return self.lm_head(hidden)

@@ -46,11 +46,15 @@ def load_hf_config(model_dir: str, trust_remote_code: bool = False):
     return config
 
 
-def build_model(cls, hf_config):
-    """`cls(hf_config)` in the current device/TP context; a config lacking a field the
-    architecture reads is a ValueError naming it, not an AttributeError from deep inside."""
+def build_model(cls, hf_config, enable_mtp: bool = False):
+    """`cls(hf_config)` in the current device/TP context (with its MTP layers if `enable_mtp`);
+    a config lacking a field the architecture reads is a ValueError naming it, not an
+    AttributeError from deep inside."""
     try:
-        return cls(hf_config)
+        model = cls(hf_config)
+        if enable_mtp:
+            model.enable_mtp()
+        return model
     except AttributeError as exc:
         missing = getattr(exc, "name", None) or str(exc)
         raise ValueError(f"{type(hf_config).__name__} lacks {missing!r}, which {cls.__name__} needs; "
@@ -101,14 +105,15 @@ def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[
     bar.close()
 
 
-def dummy_checkpoint(cls, hf_config, seed: int, device) -> Iterator[tuple[str, torch.Tensor]]:
+def dummy_checkpoint(cls, hf_config, seed: int, device, enable_mtp: bool = False
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
     """Random full-size weights, as a checkpoint would hold them: each tensor drawn from its own
     CPU generator seeded by (seed, name), so every TP rank and every device get the same model. N(0, 0.02) for
     matrices, N(0, 0.1) for vectors, 1 + N(0, 0.1) for norm weights that multiply (not zero-centered ones),
     rounded to bf16 values as a released bf16 checkpoint holds them (an fp32 model then computes on exactly
     the weights a bf16 one has)."""
     with tp_context(rank=0, size=1), torch.device("meta"):  # the full model's names and shapes
-        full = build_model(cls, hf_config)
+        full = build_model(cls, hf_config, enable_mtp)
     full.tie_weights()
     modules = dict(full.named_modules())
     for name, param in full.named_parameters():  # drawn on the CPU: the same weights on every device
@@ -151,8 +156,10 @@ def load_model(
     seed: int = 0,
     progress: bool = True,
     trust_remote_code: bool = False,
+    enable_mtp: bool = False,
 ):
-    """Returns (model, hf_config, torch dtype). Raises ValueError naming any missing tensor."""
+    """Returns (model, hf_config, torch dtype). Raises ValueError naming any missing tensor.
+    `enable_mtp`: also build and load the checkpoint's MTP layers (`mtp.*`, models/mtp.py)."""
     hf_config = load_hf_config(model_dir, trust_remote_code)
     torch_dtype = resolve_dtype(dtype, hf_config)
     cls = model_class(resolve_architecture(hf_config))
@@ -160,12 +167,12 @@ def load_model(
     torch.set_default_dtype(torch_dtype)
     try:
         with torch.device(device):
-            model = build_model(cls, hf_config)
+            model = build_model(cls, hf_config, enable_mtp)
     finally:
         torch.set_default_dtype(prev)
     model.tie_weights()
     if load_format in ("auto", "safetensors", "dummy"):
-        weights = (dummy_checkpoint(cls, hf_config, seed, device) if load_format == "dummy"
+        weights = (dummy_checkpoint(cls, hf_config, seed, device, enable_mtp) if load_format == "dummy"
                    else iterate_checkpoint(model_dir, progress))
         loaded = model.load_weights(weights)
         missing = sorted(set(dict(model.named_parameters())) - loaded)

@@ -18,6 +18,7 @@ from .layers import ops
 from .layers.attention import AttentionHeads
 from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
+from .mtp import MultiTokenPredictor
 from .layers.linear import KVParallelLinear, LinearGroup
 from .forward_batch import ForwardBatch
 
@@ -147,6 +148,19 @@ class Qwen3_5ForCausalLM(HybridForCausalLM):
 
     def state_spec(self, dtype: torch.dtype):
         return GatedDeltaNetBase.state_spec(self.hf_config, dtype)
+
+    def enable_mtp(self) -> None:
+        num_layers = int(getattr(self.hf_config, "mtp_num_hidden_layers", 0) or 0)
+        if num_layers < 1:
+            raise ValueError(f"speculative method 'mtp' needs MTP layers, but this {type(self).__name__} config has "
+                             f"mtp_num_hidden_layers={num_layers}")
+        self.mtp = MultiTokenPredictor(self.hf_config, num_layers, self.layer_ids.num_attn_layers,
+                                       self.decoder_layer_class, self.make_mlp)
+        self.ignored_tensors = tuple(p for p in self.ignored_tensors if p != r"^mtp\.")
+
+    def mtp_forward(self, next_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                    fb: ForwardBatch) -> torch.Tensor:
+        return self.mtp(self.model.embed_tokens(next_ids), hidden, positions, fb)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         hidden, residual = self.model.embed_tokens(input_ids), None

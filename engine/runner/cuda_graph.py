@@ -103,6 +103,7 @@ class DecodeGraphs:
         self.table, self.kv_pool, self.state_pool, self.last_tokens = table, kv_pool, state_pool, last_tokens
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # size -> static logits [size, V]
+        self.hidden: dict[int, torch.Tensor] = {}  # size -> static final hidden states [size, H] (MTP reads them)
 
     def padded_size(self, extend_lens: list[int]) -> int | None:
         return padded_size(extend_lens, self.sizes)
@@ -110,7 +111,9 @@ class DecodeGraphs:
     def _logits(self, size: int) -> torch.Tensor:
         input_ids, fb = self.buffers.forward_batch(size, self.table, self.kv_pool, self.state_pool,
                                                    self.last_tokens)
-        return self.model.compute_logits(self.model(input_ids, fb.positions, fb))
+        hidden = self.model(input_ids, fb.positions, fb)  # [size, H]
+        self.hidden[size] = hidden
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -129,7 +132,7 @@ class DecodeGraphs:
 
     def run(self, flat_meta: list[int]) -> torch.Tensor:
         """flat_meta: `decode_meta(...)` of a captured size. Returns logits [size, V], a static
-        tensor overwritten by the next run."""
+        tensor overwritten by the next run (as is `self.hidden[size]`, the rows' final hidden states)."""
         size = self.buffers.load(flat_meta)
         graph = self.graphs.get(size)
         if graph is None:  # not captured (CPU): the same function, eagerly

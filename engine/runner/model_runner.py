@@ -21,7 +21,7 @@ from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
 from ...models.layers.attention import PagedAttention
 from .cuda_graph import DecodeGraphs, decode_meta
-from .step_plan import StepPlan
+from .step_plan import MtpPlan, StepPlan
 
 
 class ModelRunner:
@@ -36,6 +36,9 @@ class ModelRunner:
         self.device = torch.device(device)
         self.last_tokens = torch.zeros(req_table.num_rows + 1, dtype=torch.int64, device=self.device)  # [rows+1]
         self.decode_graphs: DecodeGraphs | None = None
+        # MTP drafting reads the last forward's final hidden states ([T, H], token order)
+        self.keep_hidden = getattr(model, "mtp", None) is not None
+        self.last_hidden: torch.Tensor | None = None
         if warm_up_tokens > 0 and self.device.type == "cuda":
             self.warm_up(warm_up_tokens)
         if cuda_graph_max_batch > 0:
@@ -92,6 +95,8 @@ class ModelRunner:
             req_rows = to_device([plan.req_rows[b] for b in pending_batch_rows], torch.int64, self.device)
             input_ids[token_index] = self.last_tokens[req_rows]
         hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
+        if self.keep_hidden:
+            self.last_hidden = hidden
         if not plan.sample_rows:
             return None
         if plan.sample_counts:  # verify rows: the logits of each row's last `count` tokens
@@ -104,6 +109,8 @@ class ModelRunner:
 
     def _logits_graph(self, plan: StepPlan, size: int) -> torch.Tensor:
         logits = self.decode_graphs.run(decode_meta(plan.req_rows, plan.prefix_lens, plan.input_ids, size))
+        if self.keep_hidden:
+            self.last_hidden = self.decode_graphs.hidden[size]  # rows in batch order, one token each
         if plan.sample_rows == list(range(len(plan.sample_rows))):
             return logits[: len(plan.sample_rows)]
         return logits[to_device(plan.sample_rows, torch.int64, self.device)]
@@ -112,6 +119,8 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Returns fp32 logits [plan.num_logits, V], or None when nothing samples."""
         apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
+        if plan.mtp is not None:
+            return self.run_mtp(plan.mtp)
         if plan.has_pending:
             broadcast_from_rank0(self.last_tokens)
         logits = None
@@ -127,3 +136,32 @@ class ModelRunner:
         step's pending input ids."""
         req_rows = [plan.req_rows[b] for b in plan.sample_rows]
         self.last_tokens[to_device(req_rows, torch.int64, self.device)] = tokens.to(self.device, torch.int64)
+
+    def _mtp_batch(self, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+        return ForwardBatch.from_plan(req_rows, prefix_lens, extend_lens, self.req_table, self.kv_pool,
+                                      self.state_pool)
+
+    @torch.inference_mode()
+    def run_mtp(self, mp: MtpPlan) -> torch.Tensor | None:
+        """The MTP pass after a step (models/mtp.py): extend the MTP layers' KV over the
+        previous step's verified positions, then draft greedily for `draft_rows`, chaining each
+        step's MTP hidden state into the next. Returns the drafts [len(draft_rows), K] (int64,
+        on the device; the same on every rank: the LM head's logits are gathered), or None."""
+        if not mp.req_rows:
+            return None
+        fb = self._mtp_batch(mp.req_rows, mp.prefix_lens, mp.extend_lens)
+        hidden = self.last_hidden[to_device(mp.hidden_rows, torch.int64, self.device)]  # h_p [T, H]
+        next_ids = to_device(mp.next_ids, torch.int64, self.device)  # x_{p+1} [T]
+        mtp_hidden = self.model.mtp_forward(next_ids, hidden, fb.positions, fb)  # g_p [T, H]
+        if not mp.draft_rows or mp.num_draft_tokens < 1:
+            return None
+        last = mtp_hidden[fb.logits_indices[to_device(mp.draft_rows, torch.int64, self.device)]]  # [R, H]
+        drafts = [self.model.compute_logits(last).argmax(dim=-1)]  # [R] each
+        req_rows = [mp.req_rows[b] for b in mp.draft_rows]
+        positions = [mp.prefix_lens[b] + mp.extend_lens[b] for b in mp.draft_rows]  # the next draft's p
+        for _ in range(mp.num_draft_tokens - 1):
+            fb = self._mtp_batch(req_rows, positions, [1] * len(req_rows))
+            last = self.model.mtp_forward(drafts[-1], last, fb.positions, fb)  # chained: this step's g
+            drafts.append(self.model.compute_logits(last).argmax(dim=-1))
+            positions = [p + 1 for p in positions]
+        return torch.stack(drafts, dim=1)

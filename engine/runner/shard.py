@@ -26,8 +26,10 @@ class Shard:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        spec = config.speculative_config
         self.model, self.hf_config, self.dtype = load_model(
-            config.model, config.dtype, self.device, config.load_format, seed=config.seed)
+            config.model, config.dtype, self.device, config.load_format, seed=config.seed,
+            enable_mtp=spec is not None and spec.method == "mtp")
         self.runner: ModelRunner | None = None
 
     @property
@@ -38,7 +40,7 @@ class Shard:
     def pool_layout(self) -> PoolLayout:
         cfg, model = self.config, self.model
         kv = model.kv_spec()
-        num_attn, num_state = model.layer_ids.num_attn_layers, model.layer_ids.num_state_layers
+        num_attn, num_state = model.num_kv_layers, model.layer_ids.num_state_layers  # KV layers: + MTP's
         spec = (model.state_spec(self.dtype) if num_state else None) or StateSpec(1, 1, None, self.dtype)
         page_bytes = 0
         if num_attn:

@@ -13,12 +13,32 @@ within it; the host keeps everything else).
     checkpoints : (batch row, offset, state slot): the state kernels write the state after
                   `offset` of that row's tokens into the slot (prefix-cache checkpoints
                   inside the step's tokens)
+    mtp       : an MTP drafting pass over the previous step's rows (MtpPlan), instead of a
+                forward; `execute` then returns the drafts
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ...mem_cache import CacheOps
+
+
+@dataclass
+class MtpPlan:
+    """The MTP pass after a step (engine/spec/mtp.py): per batch row of the pass, the request
+    row, the first position p and the number of positions; per position the index of its
+    h_p among the previous step's final hidden states and the token x_{p+1}. Rows
+    `draft_rows` (batch rows of this pass, each ending at its request's last computed
+    position) then chain `num_draft_tokens - 1` more steps; the KV slots of those positions
+    are mapped by the plan's pre-ops."""
+
+    req_rows: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    extend_lens: list[int] = field(default_factory=list)
+    hidden_rows: list[int] = field(default_factory=list)
+    next_ids: list[int] = field(default_factory=list)
+    draft_rows: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0
 
 
 @dataclass
@@ -33,6 +53,7 @@ class StepPlan:
     sample_rows: list[int] = field(default_factory=list)
     sample_counts: list[int] = field(default_factory=list)
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    mtp: MtpPlan | None = None
 
     @property
     def num_logits(self) -> int:

@@ -28,9 +28,10 @@ step in flight and is itself read back before the next is planned: while the ada
 (depth.py) gives some request drafts, steps do not overlap; when it gives none (low
 acceptance, large batches), the engine is back to overlapped steps. The depth's cost model
 charges speculation for the lost overlap (`sync_cost`), so it is chosen only where it pays.
-Device-resident drafters (MTP heads, a draft model), when they land, can keep overlap by
-leaving the accepted lengths and bonus tokens on the device (the pending-token scheme of
-engine.py is that scheme's K = 0 case).
+The MTP drafter (mtp.py) runs on the device but its pass after each step needs the step's
+tokens on the host (which positions were verified), so with MTP no step overlaps. Keeping
+the accepted lengths and bonus tokens on the device (the pending-token scheme of engine.py
+is that scheme's K = 0 case) would give overlap back; not done yet.
 """
 from .acceptance import greedy_accepted_length
 from .config import SpeculativeConfig

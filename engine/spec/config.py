@@ -4,17 +4,18 @@ and the CLI import it without torch)::
     LLM(model, speculative_config={"method": "ngram", "num_speculative_tokens": 4})
     hybrid-serve serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
 
-Methods: "ngram" (prompt lookup on the request's own tokens), "remote" (proposals supplied
+Methods: "ngram" (prompt lookup on the request's own tokens), "mtp" (the checkpoint's
+multi-token-prediction layers, `mtp.*` of Qwen3-Next / Qwen3.5: engine/spec/mtp.py), "remote" (proposals supplied
 from outside the engine, e.g. the router's suffix drafter, through `RemoteDrafter.supply`),
 "synthetic" (benchmarks and tests: proposes a known continuation, each token right with
-probability `acceptance_rate`). "mtp" and "draft_model" are not implemented yet and are refused.
+probability `acceptance_rate`). "draft_model" is not implemented yet and is refused.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-METHODS = ("ngram", "remote", "synthetic")
-PLANNED_METHODS = ("mtp", "draft_model", "eagle", "medusa")
+METHODS = ("ngram", "mtp", "remote", "synthetic")
+PLANNED_METHODS = ("draft_model", "eagle", "medusa")
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from .config import SpeculativeConfig
 from .depth import AdaptiveDepth
 from .drafter import DraftRequest, Drafter
+from .mtp import MtpDrafter
 from .ngram import NgramDrafter
 from .remote import RemoteDrafter
 from .synthetic import SyntheticDrafter
@@ -47,6 +48,8 @@ def make_drafter(config: SpeculativeConfig, vocab_size: int) -> Drafter:
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "remote":
         return RemoteDrafter()
+    if config.method == "mtp":  # drafts supplied by the engine's MTP pass after each step
+        return MtpDrafter()
     if config.method == "synthetic":
         return SyntheticDrafter(config.continuations, config.acceptance_rate, vocab_size, config.seed,
                                 vary_length=config.vary_length)

@@ -16,8 +16,8 @@ def test_config_keys_and_errors():
     assert cfg.speculative_config == SpeculativeConfig("ngram", 3)
     with pytest.raises(ValueError, match="unknown speculative_config keys \\['draft_k'\\]"):
         EngineConfig(model="m", speculative_config={"method": "ngram", "draft_k": 3})
-    with pytest.raises(ValueError, match="'mtp' is not implemented yet"):
-        SpeculativeConfig("mtp")
+    with pytest.raises(ValueError, match="'draft_model' is not implemented yet"):
+        SpeculativeConfig("draft_model")
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1, got 0"):
         SpeculativeConfig("ngram", 0)
     with pytest.raises(ValueError, match="needs a 'method'"):

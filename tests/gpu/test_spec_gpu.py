@@ -34,3 +34,26 @@ def test_verify_on_gpu_keeps_greedy_tokens(family, reference_models):
     assert got == want
     assert llm.engine.stats()["spec_accepted_tokens"] > 0
     llm.engine.cache.check_empty()
+
+
+def test_mtp_on_gpu_drafts_equal_reference(tmp_path):
+    """MTP on the Triton path with decode graphs (the MTP pass reads the graph's hidden
+    states): greedy tokens equal decoding without speculation, and the drafts equal the CPU
+    torch reference's (tests/models/mtp_reference.py)."""
+    from mtp_reference import build_mtp_reference, record_supplies, reference_drafts
+
+    target, ref = build_mtp_reference(str(tmp_path))
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (1, 9, 40, 100)]
+    args = dict(model=str(tmp_path), dtype="float32", device="cuda", max_num_seqs=4, max_model_len=256,
+                cache_memory_bytes=64 * 1024**2, chunked_prefill_size=64, state_checkpoint_interval=32)
+    want = [o.outputs[0].token_ids for o in LLM(**args).generate(prompts, GREEDY)]
+    llm = LLM(**args, enable_cuda_graphs=True, speculative_config=dict(method="mtp", num_speculative_tokens=3,
+                                                                        adaptive=False))
+    engine = llm.engine
+    seen = record_supplies(engine)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == want
+    mismatched = [len(t) for t, d in seen if d != reference_drafts(target, ref, t, 3)]
+    assert len(seen) > 20 and not mismatched, mismatched
+    engine.cache.check_empty()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# MTP drafting and the MoE routers on one card, in two parts (each under 10 minutes):
+#   part 1: the GPU MTP test (drafts == the torch reference, graphs on) and graphs on == off
+#           for the MoE families;
+#   part 2: the trained demo's MTP speed/acceptance run and the verify-step profile (2.3B).
+# Usage (device machine, repo root): bash benchmarks/device_mtp.sh 1|2
+set -uo pipefail
+OUT=${OUT:-./bench_out}; mkdir -p "$OUT/results"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name --format=csv,noheader
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+if [ "${1:-1}" = 1 ]; then
+  timeout 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_gpu.py -k "mtp or qwen3_5 or lfm2_moe" 2>&1 \
+    | tee "$OUT/spec_gpu_tests.log" | grep -E "passed|failed|Error|assert" | tail -12
+  timeout 330 python3 benchmarks/family_gpu_check.py --families qwen3_5_moe,lfm2_moe,granite_moe_hybrid --match-only \
+    --budget 320 --json "$OUT/results/family_gpu_check_moe_match.json" 2>&1 | tee "$OUT/moe_match.log" | tail -8
+else
+  timeout 250 python3 benchmarks/spec_mtp_demo.py --out "$OUT" 2>&1 | tee "$OUT/spec_mtp_demo.log" \
+    | grep -vE "Loading|Warm-up|it/s" | tail -14
+  timeout 280 python3 benchmarks/verify_step_profile.py --batch 1 --out "$OUT" 2>&1 | tee "$OUT/verify_profile.log" \
+    | grep -vE "Loading|Warm-up|it/s" | tail -24
+fi

@@ -1,0 +1,110 @@
+"""Where a speculative verify step's time goes on a GPU (2.3B Qwen3.5 layout, dummy bf16
+weights drawn on the GPU): wall time per engine step of a verify step (batch B, K drafts
+each) against a plain decode step with and without CUDA graphs, and the CUDA kernels of a
+few verify steps (torch.profiler: launches per step, GPU-busy time, top kernels). Informs
+verify CUDA graphs (issue 13).
+
+    python benchmarks/verify_step_profile.py [--batch 1] [--k 4] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from family_gpu_check import gpu_dummy_checkpoint  # noqa: E402
+from model_configs import write_model_dir  # noqa: E402
+
+from hybrid_serve import SamplingParams  # noqa: E402
+from hybrid_serve.models import loader  # noqa: E402
+
+
+def step_times(engine, prompts, tokens: int) -> tuple[list[float], list[float]]:
+    """(verify step ms, plain decode step ms) over decode-only steps."""
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}-{time.monotonic_ns()}", p, params)
+    verify, plain = [], []
+    while engine.has_unfinished():
+        decode_only = all(r.num_tokens_to_compute == 1 for r in engine.scheduler.running) and not engine.scheduler.waiting
+        rows = engine.stats().get("spec_verify_rows", 0)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t) * 1e3
+        if decode_only and engine.scheduler.running:
+            (verify if engine.stats().get("spec_verify_rows", 0) > rows else plain).append(ms)
+    return verify, plain
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    loader.dummy_checkpoint = gpu_dummy_checkpoint
+    from hybrid_serve import LLM
+
+    model_dir = write_model_dir("qwen3_5_2p3b", tempfile.mkdtemp())
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 30000, (256,), generator=gen).tolist() for _ in range(args.batch)]
+    base = dict(model=model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=max(args.batch, 8),
+                enable_prefix_caching=False, gpu_memory_utilization=0.5)
+    out = {}
+    for graphs in (True, False):
+        llm = LLM(**base, enable_cuda_graphs=graphs, warm_up=False)
+        step_times(llm.engine, prompts, 8)
+        _, plain = step_times(llm.engine, prompts, 40)
+        out[f"plain_decode_ms_graphs_{'on' if graphs else 'off'}"] = round(statistics.median(plain), 3)
+        del llm
+        torch.cuda.empty_cache()
+    cont = {}
+    spec = dict(method="synthetic", num_speculative_tokens=args.k, adaptive=False, acceptance_rate=0.0,
+                continuations=cont)
+    llm = LLM(**base, enable_cuda_graphs=True, warm_up=False, speculative_config=spec)
+    for p in prompts:
+        cont[tuple(p)] = [1] * 200  # always K drafts (rejected: each verify step is a full K+1 step)
+    step_times(llm.engine, prompts, 8)
+    verify, _ = step_times(llm.engine, prompts, 24)
+    out["verify_step_ms"] = round(statistics.median(verify), 3)
+    engine = llm.engine
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"prof{i}", p, params)
+    while any(r.num_tokens_to_compute > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            engine.step()
+        torch.cuda.synchronize()
+    while engine.has_unfinished():
+        engine.step()
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = sorted(events, key=lambda e: -e.device_time_total)
+    out["verify_kernel_launches_per_step"] = round(sum(e.count for e in kernels) / 3, 1)
+    out["verify_gpu_busy_ms_per_step"] = round(sum(e.device_time_total for e in kernels) / 3 / 1e3, 3)
+    out["top_kernels"] = [dict(name=e.key[:90], calls_per_step=round(e.count / 3, 1),
+                               ms_per_step=round(e.device_time_total / 3 / 1e3, 3)) for e in kernels[:20]]
+    out.update(batch=args.batch, k=args.k, device=torch.cuda.get_device_name(), model="qwen3_5_2p3b dummy bf16")
+    os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
+    with open(os.path.join(args.out, "results", f"verify_step_profile_bs{args.batch}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "top_kernels"}))
+    for k in out["top_kernels"]:
+        print(f"{k['ms_per_step']:8.3f} ms {k['calls_per_step']:6.1f}x  {k['name']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
