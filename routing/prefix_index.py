@@ -95,6 +95,7 @@ class BlockPrefixIndex:
         self.hybrid = hybrid
         self.max_blocks = max_blocks_per_replica
         self.replicas: dict[str, _ReplicaBlocks] = {}
+        self._recent: dict[int, tuple] = {}  # id(prompt) -> (prompt, its length, its hashes)
 
     def _replica(self, replica_id: str) -> _ReplicaBlocks:
         if replica_id not in self.replicas:
@@ -102,7 +103,18 @@ class BlockPrefixIndex:
         return self.replicas[replica_id]
 
     def _usable_hashes(self, prompt_token_ids: Sequence[int]) -> list[int]:
-        return block_hashes(prompt_token_ids, self.page_size, max(len(prompt_token_ids) - 1, 0))
+        """The prompt's block hashes, remembered for the last few prompts (a decision hashes a
+        prompt to match it and again to record it: the hashing is most of its time). Keyed by
+        identity while the entry keeps the prompt alive, so an id is never reused under it."""
+        key = id(prompt_token_ids)
+        hit = self._recent.get(key)
+        if hit is not None and hit[0] is prompt_token_ids and hit[1] == len(prompt_token_ids):
+            return hit[2]
+        hashes = block_hashes(prompt_token_ids, self.page_size, max(len(prompt_token_ids) - 1, 0))
+        self._recent[key] = (prompt_token_ids, len(prompt_token_ids), hashes)
+        if len(self._recent) > 64:
+            self._recent.pop(next(iter(self._recent)))
+        return hashes
 
     def record_sent(self, replica_id: str, prompt_token_ids: Sequence[int]) -> None:
         self.record_hashes(replica_id, self.sent_hashes(prompt_token_ids))

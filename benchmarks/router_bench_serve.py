@@ -1,0 +1,179 @@
+"""router_bench.py's `serve` mode: the multi-turn workload against one Serve app per router,
+in turn, on a local Ray (the built-in demo model on CPU, one torch thread per replica).
+
+Routers: "prefix" (ours, AppConfig router: prefix), "serve_default" (Serve's power of two
+choices), "round_robin" (below), "ray_prefix_affinity" (Ray's PrefixCacheAffinityRouter on
+the token ids, where `ray.serve.llm` imports), "single_replica" (one replica with the cache of
+all of them, Serve's default router: the hit-token reference).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+import socket
+import statistics
+import time
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+from .router_bench import _percentile, multi_turn
+
+
+class RoundRobinRouter(RequestRouter):
+    """Each request to the next replica in turn (the rest as Serve's fallbacks)."""
+
+    def initialize_state(self, **kwargs) -> None:
+        self._turn = itertools.count()
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        ordered = sorted(candidate_replicas, key=lambda r: r.replica_id.unique_id)
+        i = next(self._turn) % len(ordered)
+        return [[ordered[i]], ordered[:i] + ordered[i + 1:]]
+
+
+def _ray_prefix_affinity_class():
+    """Ray's PrefixCacheAffinityRouter reading our token ids as text (None if it does not import)."""
+    try:
+        from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+    except Exception:  # noqa: BLE001 - e.g. ray.serve.llm needs pyarrow
+        return None
+
+    class RayPrefixAffinityOnIds(PrefixCacheAffinityRouter):
+        def _extract_text_from_request(self, pending_request):
+            return "".join(chr(0x100 + t) for t in pending_request.args[0].prompt_token_ids)
+
+    return RayPrefixAffinityOnIds
+
+
+def _app(router: str, replicas: int, cache_bytes: int):
+    from ray.serve.config import RequestRouterConfig
+
+    from ..deploy.app import build_app
+
+    single = router == "single_replica"
+    args = {"replicas": 1 if single else replicas, "num_cpus_per_replica": 0.5, "torch_num_threads": 1,
+            "router": "prefix" if router == "prefix" else "pow2", "router_stats_period_s": 0.5,
+            "max_waiting_requests": 64, "max_waiting_tokens": 1 << 20, "max_queued_requests": 512,
+            "engine_args": {"cache_memory_bytes": cache_bytes * (replicas if single else 1), "max_model_len": 2048,
+                            "max_num_seqs": 8}}
+    app = build_app(args)
+    if router in ("round_robin", "ray_prefix_affinity"):
+        custom = RoundRobinRouter if router == "round_robin" else _ray_prefix_affinity_class()
+        if custom is None:
+            return None
+        server = app._bound_deployment.init_args[1]
+        server._bound_deployment = server._bound_deployment.options(
+            request_router_config=RequestRouterConfig(request_router_class=custom))
+    return app
+
+
+async def _user(client, url: str, prompts: list[list[int]], rng: random.Random, out: list) -> None:
+    await asyncio.sleep(rng.uniform(0, 2.0))  # arrivals spread over 2 s
+    for turn, prompt in enumerate(prompts):
+        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        start, ttft, usage = time.perf_counter(), None, None
+        async with client.stream("POST", url, json=body, timeout=300) as resp:
+            assert resp.status_code == 200, await resp.aread()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                if ttft is None and '"text"' in line:
+                    ttft = time.perf_counter() - start
+                if '"usage"' in line and '"prompt_tokens"' in line:
+                    usage = json.loads(line[6:]).get("usage") or usage
+        cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        out.append({"turn": turn, "ttft_s": ttft, "prompt_tokens": len(prompt), "cached_tokens": cached})
+        await asyncio.sleep(rng.uniform(0.2, 1.0))  # think time
+
+
+async def _drive(url: str, conversations, seed: int) -> list[dict]:
+    import httpx2 as httpx
+
+    out: list[dict] = []
+    rng = random.Random(seed)
+    async with httpx.AsyncClient() as client:
+        await asyncio.gather(*(_user(client, url, c, random.Random(rng.random()), out) for c in conversations))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_serve(args) -> dict:
+    import httpx2 as httpx
+    import ray
+    from ray import serve
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cache_bytes = 48 * 1024**2
+    rows, skipped = {}, {}
+    try:
+        for seed in args.seeds:
+            conversations = multi_turn(args.users, args.turns, seed)
+            for router in args.routers:
+                app = _app(router, args.replicas, cache_bytes)
+                if app is None:
+                    skipped[router] = "ray.serve.llm does not import here (it needs pyarrow)"
+                    continue
+                name = f"rb-{router}"
+                serve.run(app, name=name, route_prefix=f"/{name}")
+                base = f"http://127.0.0.1:{port}/{name}"
+                for _ in range(600):
+                    try:
+                        if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                            break
+                    except Exception:  # noqa: BLE001 - not up yet
+                        pass
+                    time.sleep(0.5)
+                warm = multi_turn(2 * args.replicas, 1, seed + 1000, system_tokens=256)  # first calls, unshared
+                asyncio.run(_drive(f"{base}/v1/completions", warm, seed))
+                started = time.perf_counter()
+                results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed))
+                wall = time.perf_counter() - started
+                serve.delete(name)
+                ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
+                row = {"requests": len(results), "wall_s": round(wall, 1),
+                       "ttft_p50_s": round(statistics.median(ttfts), 4), "ttft_p99_s": round(_percentile(ttfts, 0.99), 4),
+                       "hit_tokens": sum(r["cached_tokens"] for r in results),
+                       "prompt_tokens": sum(r["prompt_tokens"] for r in results),
+                       "later_turn_ttft_p50_s": round(statistics.median(
+                           [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
+                rows.setdefault(router, []).append({"seed": seed, **row})
+                print(router, seed, row, flush=True)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+    def p50(router):
+        return statistics.mean(r["ttft_p50_s"] for r in rows[router]) if router in rows else None
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    hits = {k: sum(r["hit_tokens"] for r in v) for k, v in rows.items()}
+    return {
+        "metric": "router_multi_turn",
+        "device": "CPU (2 cores shared with other work), local Ray Serve, demo model (11M params), 1 torch thread per replica",
+        "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared 1024-token "
+                    "system prompt, 64-token user turns + 16-token stand-in replies, arrivals over 2 s, think time "
+                    f"0.2-1.0 s, max_tokens 4, greedy; {args.replicas} replicas x {cache_bytes >> 20} MiB cache "
+                    f"(single_replica: one with {args.replicas}x), seeds {args.seeds}",
+        "baseline": "round-robin, Serve's default (power of two choices), one replica with the total cache: same run",
+        "router_hit_tokens_vs_single_replica": ratio(hits.get("prefix"), hits.get("single_replica")),
+        "router_ttft_p50_vs_round_robin": ratio(p50("prefix"), p50("round_robin")),
+        "router_ttft_p50_vs_serve_default": ratio(p50("prefix"), p50("serve_default")),
+        "router_ttft_p50_vs_ray_prefix_affinity": ratio(p50("prefix"), p50("ray_prefix_affinity")),
+        "skipped": skipped,
+        "rows": rows,
+    }
