@@ -13,7 +13,13 @@ bounded by cdiv(A, BLOCK_M) + E. Then, one program per (tile, block of output co
     GEMM 1: h[a]   = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)        h: [A, I] in x's dtype
             (activation "relu2": h[a] = relu(x[t] @ up_e^T)^2, Nemotron-H's non-gated experts)
     GEMM 2: y[a]   = weights[a] * (h[a] @ down_e^T)                 y: [A, H] fp32
-    out[t] = sum_k y[t*K + k]                                        (a torch sum; deterministic)
+    out[t] = sum_k y[t*K + k]                                        (k in order, one program per
+                                                                     token and column block)
+
+The last sum is ours rather than torch's `sum(dim=1)`: torch's reduction splits the K terms
+across threads depending on how many outputs the call has, so a token's sum (and, at a near
+tie, its next token) changed with the step's row count (an eager decode step of 5 rows vs the
+CUDA graph padded to 8). Here every token adds its K terms in slot order, whatever T is.
 """
 from __future__ import annotations
 
@@ -117,6 +123,18 @@ def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool
     return weights.to(router_logits.dtype), ids
 
 
+@triton.jit
+def _combine_topk_kernel(y_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, cols] = sum_{k = 0..K-1} y[t*K + k, cols], added in slot order (fp32)."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = cols < hidden
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(y_ptr + (t * TOP_K + k) * hidden + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> sorted_rows [max_tiles*BM] (assignment ids, A = padding), tile_expert [max_tiles]."""
     flat = topk_ids.flatten()  # [A]
@@ -185,4 +203,7 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
             A_ROW_DIV=div, GATED=first and gated, RELU2=first and not gated, SCALE_ROWS=not first,
             BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_K=block_k, DOT_PREC=prec, num_warps=4)
-    return y.view(num_tokens, top_k, hidden).sum(dim=1).to(out_dtype)
+    out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
+    block_h = min(1024, next_pow2(hidden))
+    _combine_topk_kernel[(num_tokens, triton.cdiv(hidden, block_h))](y, out, hidden, TOP_K=top_k, BLOCK_H=block_h)
+    return out

@@ -104,3 +104,18 @@ def test_fused_moe_serving_shapes_gpu(tokens):
     got = fused_moe(x, gate_up, down, w, ids)
     want = fused_moe_ref(x.float(), gate_up.float(), down.float(), w.float(), ids)
     assert rel_err(got.float(), want) < 2e-2
+
+
+def test_fused_moe_rows_do_not_depend_on_the_row_count():
+    """A token's output is bit-identical whether the call carries 5 rows or those 5 plus 3
+    more (an eager decode step vs the CUDA graph padded to 8): routing tiles, the expert
+    GEMMs and the top-k combine are all row-independent."""
+    gen = torch.Generator().manual_seed(3)
+    experts, hidden, inter, top_k = 8, 64, 32, 4
+    x = torch.randn(8, hidden, generator=gen).to(DEVICE, torch.bfloat16)
+    gate_up = (0.1 * torch.randn(experts, 2 * inter, hidden, generator=gen)).to(DEVICE, torch.bfloat16)
+    down = (0.1 * torch.randn(experts, hidden, inter, generator=gen)).to(DEVICE, torch.bfloat16)
+    weights, ids = moe_topk_softmax(torch.randn(8, experts, generator=gen).to(DEVICE), top_k, True)
+    five = fused_moe(x[:5], gate_up, down, weights[:5], ids[:5])
+    eight = fused_moe(x, gate_up, down, weights, ids)
+    assert torch.equal(five, eight[:5])
