@@ -286,7 +286,7 @@ async def call(http, app: LocalApp, body: dict, timeout_s: float = 300.0, hang_u
     text, the in-band error event if any, whether [DONE] came."""
     stream = bool(body.get("stream"))
     rec = {"stream": stream, "t0": time.monotonic(), "status": None, "retry_after": None, "ttft": None,
-           "t_first": None, "t_last": None, "t_end": None, "text": "", "chunks": 0, "done": False,
+           "t_first": None, "t_last": None, "t_end": None, "text": "", "chunks": 0, "done": False, "gaps": [],
            "error_event": None, "finish": None, "exc": None, "hung_up": False, "prompt": body.get("prompt")}
 
     async def go():
@@ -321,6 +321,8 @@ async def call(http, app: LocalApp, body: dict, timeout_s: float = 300.0, hang_u
                 now = time.monotonic()
                 if text and rec["t_first"] is None:
                     rec["t_first"] = now
+                elif text:
+                    rec["gaps"].append(now - rec["t_last"])  # one engine step (and the way back)
                 if text:
                     rec["t_last"] = now
                 rec["text"] += text or ""
@@ -503,8 +505,9 @@ def _burst_figures(recs: list[dict], sent_s: float, lags: list[float], t_start: 
         "accepted_time_per_output_token_ms": {
             "p50": ms(pct([(r["t_last"] - r["t_first"]) / max(1, max_tokens - 1) for r in streamed], 0.5)),
             "p99": ms(pct([(r["t_last"] - r["t_first"]) / max(1, max_tokens - 1) for r in streamed], 0.99))},
-        "accepted_row_time_p99_ms": ms(pct([(r["t_last"] - r["t_first"]) * max_tokens / max(1, max_tokens - 1)
-                                            for r in streamed], 0.99)) or 0.0,
+        "accepted_inter_token_ms": {"n": sum(len(r["gaps"]) for r in streamed),
+                                    "p50": ms(pct([g for r in streamed for g in r["gaps"]], 0.5)),
+                                    "p99": ms(pct([g for r in streamed for g in r["gaps"]], 0.99))},
         "accepted_nonstream_latency_ms": {"n": sum(not r["stream"] for r in accepted),
                                           "p50": ms(pct([lat_f(r) for r in accepted if not r["stream"]], 0.5)),
                                           "p99": ms(pct([lat_f(r) for r in accepted if not r["stream"]], 0.99))},
@@ -602,21 +605,23 @@ def run_burst(args) -> dict:
         config = app.config_record()
     # The configured queues as a time, worst case: an accepted request waits behind at most
     # W = max_waiting_requests others at its replica and Q = max_queued_requests at the ingress
-    # (ceil(Q / replicas) per replica); the B = max_num_seqs rows of a replica each free again
-    # within one row time G (a request's prefill + max_tokens steps), so it has a row after at
-    # most ceil((W + ceil(Q / replicas)) / B) row times (ceil(W / B) counted from the replica).
-    # G is the burst's own: the p99 over accepted streams of (last - first token) x max_tokens /
-    # (max_tokens - 1). Added: its own prefill (TTFT alone, at capacity) and, at the client, the
-    # HTTP front end's own delay (GET /v1/models p99 during the burst: no queue of ours involved).
-    ttft_alone = statistics.median(cap_ttft) if cap_ttft else 0.0
+    # (ceil(Q / replicas) per replica) for one of the B = max_num_seqs rows of its replica. A
+    # row frees within max_tokens engine steps of being taken (the prefill step gives the
+    # first token, then a step per token), so it has a row within T = ceil((W + ceil(Q /
+    # replicas)) / B) turns of max_tokens steps (ceil(W / B) counted from the replica); one
+    # step more for the step under way when it arrives, one for its own prefill: (T x
+    # max_tokens + 2) steps. A step: the burst's own p99 of the gaps between two tokens of the
+    # accepted streams (client-side, so the way back is in it). At the client add the HTTP
+    # front end's own delay (GET /v1/models p99 during the burst: no queue of ours in it).
     w, q, seqs = b["max_waiting_requests"], b["max_queued_requests"], args.max_num_seqs
     turns_replica = math.ceil(w / seqs)
     turns_e2e = math.ceil((w + math.ceil(q / args.replicas)) / seqs)
+    ttft_alone = statistics.median(cap_ttft) if cap_ttft else 0.0
     for x in bursts:
-        row_s = x["accepted_row_time_p99_ms"] / 1e3
+        step_s = (x["accepted_inter_token_ms"]["p99"] or 0.0) / 1e3
         front_s = (x["front_end_probe_ms"]["p99"] or 0.0) / 1e3
-        x["queue_bound_s"] = {"replica": round(turns_replica * row_s + ttft_alone, 2),
-                              "end_to_end": round(turns_e2e * row_s + ttft_alone + front_s, 2)}
+        x["queue_bound_s"] = {"replica": round((turns_replica * args.max_tokens + 2) * step_s, 2),
+                              "end_to_end": round((turns_e2e * args.max_tokens + 2) * step_s + front_s, 2)}
     last_rss = rss[f"30s_after_burst_{args.bursts}"]
     growth_first = {k: round(rss["30s_after_burst_1"].get(k, 0) - v, 1) for k, v in rss["before"].items()}
     growth_last = ({k: round(last_rss.get(k, 0) - v, 1) for k, v in rss["30s_after_burst_1"].items()}
@@ -626,12 +631,11 @@ def run_burst(args) -> dict:
         "capacity_seconds": round(cap_s, 1), "capacity_ttft_p50_ms": ms(ttft_alone),
         "capacity_latency_p50_ms": ms(pct(cap_lat, 0.5)), "front_end_probe_idle_ms": idle_probe,
         "burst_rate_rps": round(rate, 1), "burst_seconds": args.duration, "bursts": bursts,
-        "queue_bound_formula": (f"replica: ceil(max_waiting_requests / max_num_seqs) = {turns_replica} row "
-                                f"time(s) + capacity_ttft_p50; end to end: ceil((max_waiting_requests + "
-                                f"ceil(max_queued_requests / replicas)) / max_num_seqs) = {turns_e2e} row time(s) "
-                                f"+ capacity_ttft_p50 + the front end's p99 (GET /v1/models during the burst); a row "
-                                f"time = the burst's p99 over accepted streams of (last - first token) x max_tokens "
-                                f"/ (max_tokens - 1)"),
+        "queue_bound_formula": (f"(T x max_tokens + 2) steps, T = ceil((max_waiting_requests + "
+                                f"ceil(max_queued_requests / replicas)) / max_num_seqs) = {turns_e2e} turn(s) "
+                                f"at the client, + the front end's p99 (GET /v1/models during the burst); T = "
+                                f"ceil(max_waiting_requests / max_num_seqs) = {turns_replica} at the replica; a "
+                                f"step = the burst's p99 gap between two tokens of accepted streams"),
         "identity": {"prompts_checked": len(sample), "outputs_compared": compared, "mismatches": len(mismatches),
                      "first_mismatches": mismatches[:3], "distinct_accepted_prompts": len(outputs)},
         "rss_mib": rss, "rss_growth_burst_1_mib": growth_first, "rss_growth_burst_2_mib": growth_last,
