@@ -67,12 +67,11 @@ def main() -> int:
         out[f"plain_decode_ms_graphs_{'on' if graphs else 'off'}"] = round(statistics.median(plain), 3)
         del llm
         torch.cuda.empty_cache()
-    cont = {}
+    # always K drafts, all rejected: every verify step carries K + 1 tokens per row
+    cont = {tuple(p): [1] * 200 for p in prompts}
     spec = dict(method="synthetic", num_speculative_tokens=args.k, adaptive=False, acceptance_rate=0.0,
                 continuations=cont)
     llm = LLM(**base, enable_cuda_graphs=True, warm_up=False, speculative_config=spec)
-    for p in prompts:
-        cont[tuple(p)] = [1] * 200  # always K drafts (rejected: each verify step is a full K+1 step)
     step_times(llm.engine, prompts, 8)
     verify, _ = step_times(llm.engine, prompts, 24)
     out["verify_step_ms"] = round(statistics.median(verify), 3)

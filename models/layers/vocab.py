@@ -49,7 +49,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(nn.Module):
-    """logits = hidden W^T, gathered over ranks and cut to the true vocab size, in fp32."""
+    """logits = hidden W^T, gathered over ranks and cut to the true vocab size, in fp32 (the
+    GEMM's fp32 accumulation kept, also for a bf16 model)."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
@@ -58,5 +59,7 @@ class ParallelLMHead(nn.Module):
         self.weight.weight_loader = _vocab_loader(vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = all_gather_last_dim(ops.linear(hidden, self.weight))
-        return logits[..., : self.vocab_size].float()
+        # fp32 sums, never rounded to bf16: bf16 logits are 1/16 apart near 10, so close
+        # candidates tie exactly and the greedy pick turned on that rounding
+        logits = all_gather_last_dim(ops.linear(hidden, self.weight, out_dtype=torch.float32))
+        return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size].contiguous()
