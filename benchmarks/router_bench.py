@@ -182,6 +182,8 @@ def main() -> int:
     ap.add_argument("--routers", nargs="+", default=["prefix", "round_robin", "serve_default", "ray_prefix_affinity",
                                                       "single_replica"])
     ap.add_argument("--out-name", default="router_multi_turn.json", help="serve: the results file's name")
+    ap.add_argument("--kill-router-after-s", type=float, default=None,
+                    help="serve: kill the Router actor (it restarts) this far into the prefix router's run")
     args = ap.parse_args()
     if args.mode == "micro":
         rows = micro(args.seeds)

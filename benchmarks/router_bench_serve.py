@@ -79,7 +79,10 @@ async def _user(client, url: str, prompts: list[list[int]], rng: random.Random, 
                 "stream_options": {"include_usage": True}}
         start, ttft, usage = time.perf_counter(), None, None
         async with client.stream("POST", url, json=body, timeout=300) as resp:
-            assert resp.status_code == 200, await resp.aread()
+            if resp.status_code != 200:
+                out.append({"turn": turn, "start_s": start, "status": resp.status_code, "ttft_s": None,
+                            "prompt_tokens": len(prompt), "cached_tokens": 0, "error": (await resp.aread())[:300]})
+                continue
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -88,7 +91,8 @@ async def _user(client, url: str, prompts: list[list[int]], rng: random.Random, 
                 if '"usage"' in line and '"prompt_tokens"' in line:
                     usage = json.loads(line[6:]).get("usage") or usage
         cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        out.append({"turn": turn, "ttft_s": ttft, "prompt_tokens": len(prompt), "cached_tokens": cached})
+        out.append({"turn": turn, "start_s": start, "status": 200, "ttft_s": ttft, "prompt_tokens": len(prompt),
+                    "cached_tokens": cached})
         await asyncio.sleep(rng.uniform(0.2, 1.0))  # think time
 
 
@@ -99,6 +103,44 @@ async def _drive(url: str, conversations, seed: int) -> list[dict]:
     rng = random.Random(seed)
     async with httpx.AsyncClient() as client:
         await asyncio.gather(*(_user(client, url, c, random.Random(rng.random()), out) for c in conversations))
+    return out
+
+
+def _kill_router_later(app_name: str, after_s: float | None) -> dict | None:
+    """Kill (restartable) the app's Router actor `after_s` into the run, from a timer thread."""
+    if after_s is None:
+        return None
+    import threading
+
+    import ray
+
+    killed: dict = {}
+
+    def kill() -> None:
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            if actor["name"].startswith(f"hybrid_serve_router:{app_name}:"):
+                ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=False)
+                killed["at"] = time.perf_counter()
+                killed["name"] = actor["name"]
+
+    threading.Timer(after_s, kill).start()
+    return killed
+
+
+def _recovery(results: list[dict], started: float, killed: dict) -> dict:
+    """Later turns' hit ratio (cached / prompt tokens) and TTFT p50 before the kill and in the
+    windows after it: routing quality lost and regained."""
+    if "at" not in killed:
+        return {"error": "no Router actor found to kill"}
+    windows = {"before": (started, killed["at"]), "0-10 s after": (killed["at"], killed["at"] + 10),
+               "10-30 s after": (killed["at"] + 10, killed["at"] + 30), "30 s after and later": (killed["at"] + 30, 1e18)}
+    out = {"killed_at_s": round(killed["at"] - started, 1), "actor": killed["name"]}
+    for label, (lo, hi) in windows.items():
+        later = [r for r in results if r["turn"] and r["status"] == 200 and lo <= r["start_s"] < hi]
+        if later:
+            out[label] = {"requests": len(later),
+                          "hit_ratio": round(sum(r["cached_tokens"] for r in later) / sum(r["prompt_tokens"] for r in later), 3),
+                          "ttft_p50_s": round(statistics.median(r["ttft_s"] for r in later), 3)}
     return out
 
 
@@ -139,9 +181,12 @@ def run_serve(args) -> dict:
                 warm = multi_turn(2 * args.replicas, 1, seed + 1000, system_tokens=256)  # first calls, unshared
                 asyncio.run(_drive(f"{base}/v1/completions", warm, seed))
                 started = time.perf_counter()
+                killer = _kill_router_later(name, args.kill_router_after_s) if router == "prefix" else None
                 results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed))
                 wall = time.perf_counter() - started
                 serve.delete(name)
+                failures = [r for r in results if r["status"] != 200]
+                assert not failures or killer, failures[:3]
                 ttfts = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
                 row = {"requests": len(results), "wall_s": round(wall, 1),
                        "ttft_p50_s": round(statistics.median(ttfts), 4), "ttft_p99_s": round(_percentile(ttfts, 0.99), 4),
@@ -149,6 +194,9 @@ def run_serve(args) -> dict:
                        "prompt_tokens": sum(r["prompt_tokens"] for r in results),
                        "later_turn_ttft_p50_s": round(statistics.median(
                            [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
+                row["failed_requests"] = len(failures)
+                if killer:
+                    row["router_actor_killed"] = _recovery(results, started, killer)
                 rows.setdefault(router, []).append({"seed": seed, **row})
                 print(router, seed, row, flush=True)
     finally:

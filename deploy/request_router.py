@@ -164,8 +164,9 @@ class HybridRequestRouter(RequestRouter):
         self.decisions[placement.reason] = self.decisions.get(placement.reason, 0) + 1
         self.metrics.decision(placement.replica_id, placement.reason, placement.predicted_hit_tokens,
                               time.perf_counter() - started)
-        self.metrics.index_blocks.set(self.index.num_blocks())
-        self.metrics.index_replicas.set(len(self.index.replicas))
+        with self.lock:  # (the sync thread may be adding a replica)
+            self.metrics.index_blocks.set(self.index.num_blocks())
+            self.metrics.index_replicas.set(len(self.index.replicas))
         best = by_id[placement.replica_id]
         return [[best], [r for r in candidate_replicas if r is not best]]
 
