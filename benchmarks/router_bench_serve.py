@@ -51,10 +51,15 @@ def _ray_prefix_affinity_class():
 
 
 def _app(router: str, replicas: int, cache_bytes: int):
+    """The app for `router`; "NAME@K": the same with K ingress replicas (each with its own
+    request router); "prefix_unshared": ours with a per-router index instead of the Router actor's."""
     from ray.serve.config import RequestRouterConfig
 
     from ..deploy.app import build_app
 
+    router, _, ingress_replicas = router.partition("@")
+    unshared = router == "prefix_unshared"
+    router = "prefix" if unshared else router
     single = router == "single_replica"
     args = {"replicas": 1 if single else replicas, "num_cpus_per_replica": 0.5, "torch_num_threads": 1,
             "router": "prefix" if router == "prefix" else "pow2", "router_stats_period_s": 0.5,
@@ -69,6 +74,15 @@ def _app(router: str, replicas: int, cache_bytes: int):
         server = app._bound_deployment.init_args[1]
         server._bound_deployment = server._bound_deployment.options(
             request_router_config=RequestRouterConfig(request_router_class=custom))
+    if unshared:
+        server = app._bound_deployment.init_args[1]
+        config = server._bound_deployment._deployment_config.request_router_config
+        server._bound_deployment = server._bound_deployment.options(request_router_config=RequestRouterConfig(
+            request_router_class=config.request_router_class,
+            request_routing_stats_period_s=config.request_routing_stats_period_s,
+            request_router_kwargs={**config.request_router_kwargs, "shared_index": False}))
+    if ingress_replicas:
+        app._bound_deployment = app._bound_deployment.options(num_replicas=int(ingress_replicas))
     return app
 
 
@@ -168,7 +182,7 @@ def run_serve(args) -> dict:
                 if app is None:
                     skipped[router] = "ray.serve.llm does not import here (it needs pyarrow)"
                     continue
-                name = f"rb-{router}"
+                name = f"rb-{router.replace('@', '-x')}"
                 serve.run(app, name=name, route_prefix=f"/{name}")
                 base = f"http://127.0.0.1:{port}/{name}"
                 for _ in range(600):
@@ -181,7 +195,7 @@ def run_serve(args) -> dict:
                 warm = multi_turn(2 * args.replicas, 1, seed + 1000, system_tokens=256)  # first calls, unshared
                 asyncio.run(_drive(f"{base}/v1/completions", warm, seed))
                 started = time.perf_counter()
-                killer = _kill_router_later(name, args.kill_router_after_s) if router == "prefix" else None
+                killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
                 results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed))
                 wall = time.perf_counter() - started
                 serve.delete(name)
@@ -222,6 +236,8 @@ def run_serve(args) -> dict:
         "router_ttft_p50_vs_round_robin": ratio(p50("prefix"), p50("round_robin")),
         "router_ttft_p50_vs_serve_default": ratio(p50("prefix"), p50("serve_default")),
         "router_ttft_p50_vs_ray_prefix_affinity": ratio(p50("prefix"), p50("ray_prefix_affinity")),
+        "router_hit_tokens_2_ingress_vs_1": ratio(hits.get("prefix@2"), hits.get("prefix")),
+        "router_hit_tokens_2_ingress_unshared_vs_1": ratio(hits.get("prefix_unshared@2"), hits.get("prefix")),
         "skipped": skipped,
         "rows": rows,
     }
