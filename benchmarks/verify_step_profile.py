@@ -45,11 +45,46 @@ def step_times(engine, prompts, tokens: int) -> tuple[list[float], list[float]]:
     return verify, plain
 
 
+def host_profile(LLM, base: dict, prompts, k: int) -> int:
+    """cProfile of 6 eager decode steps and 6 verify steps (K drafts, all rejected): where the
+    host time of an eager step goes."""
+    import cProfile
+    import pstats
+
+    cont = {tuple(p): [1] * 200 for p in prompts}
+    for spec in (None, dict(method="synthetic", num_speculative_tokens=k, adaptive=False, acceptance_rate=0.0,
+                            continuations=cont)):
+        llm = LLM(**base, enable_cuda_graphs=False, warm_up=False, speculative_config=spec)
+        engine = llm.engine
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        for i, p in enumerate(prompts):
+            engine.add_request(f"p{i}", p, params)
+        for _ in range(8):
+            engine.step()
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(6):
+            engine.step()
+        torch.cuda.synchronize()
+        prof.disable()
+        while engine.has_unfinished():
+            engine.step()
+        print(f"==== {'verify' if spec else 'eager decode'} steps x6 ====")
+        stats = pstats.Stats(prof).sort_stats("tottime")
+        stats.print_stats(28)
+        stats.sort_stats("cumulative").print_stats(30)
+        del llm
+        torch.cuda.empty_cache()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--cprofile", action="store_true", help="only: the host (Python) profile of eager steps")
     args = ap.parse_args()
     loader.dummy_checkpoint = gpu_dummy_checkpoint
     from hybrid_serve import LLM
@@ -59,6 +94,8 @@ def main() -> int:
     prompts = [torch.randint(10, 30000, (256,), generator=gen).tolist() for _ in range(args.batch)]
     base = dict(model=model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=max(args.batch, 8),
                 enable_prefix_caching=False, gpu_memory_utilization=0.5)
+    if args.cprofile:
+        return host_profile(LLM, base, prompts, args.k)
     out = {}
     for graphs in (True, False):
         llm = LLM(**base, enable_cuda_graphs=graphs, warm_up=False)

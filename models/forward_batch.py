@@ -27,6 +27,7 @@ import torch
 
 from ..device_io import to_device
 from ..kernels._chunks import ChunkTable, build_chunk_table
+from ..kernels.causal_conv1d import ConvSnapshotIndex, conv_snapshot_index
 from ..mem_cache import KVPool, RequestRowTable, StatePool
 
 
@@ -76,6 +77,7 @@ class ForwardBatch:
     plan: PlanLists | None = None  # the plan's host lists (no sync to read): batches from `from_plan`
     _host: HostView | None = field(default=None, repr=False)
     _chunks: dict[int, ChunkTable] = field(default_factory=dict, repr=False)
+    _conv_snapshots: dict[int, ConvSnapshotIndex] = field(default_factory=dict, repr=False)
 
     @property
     def batch_size(self) -> int:
@@ -99,6 +101,16 @@ class ForwardBatch:
             self._chunks[chunk] = build_chunk_table(self.plan.cu_seqlens, self.plan.prefix_lens, self.checkpoints,
                                                     self.req_rows.device, chunk)
         return self._chunks[chunk]
+
+    def conv_snapshot_index(self, width: int) -> ConvSnapshotIndex:
+        """Where the conv layers copy their checkpoint windows from (built once per step and
+        window width, shared by every conv layer: kernels/causal_conv1d `conv_snapshot_index`)."""
+        if width not in self._conv_snapshots:
+            if self.plan is None:
+                raise ValueError("checkpoints need a batch built from a step plan (ForwardBatch.from_plan)")
+            self._conv_snapshots[width] = conv_snapshot_index(width, self.plan.cu_seqlens, self.checkpoints,
+                                                              self.req_rows.device)
+        return self._conv_snapshots[width]
 
     @classmethod
     def build(cls, req_rows: torch.Tensor, prefix_lens: torch.Tensor, extend_lens: torch.Tensor,

@@ -1,9 +1,10 @@
 from .._common import HAS_TRITON, missing_triton
-from .ref import causal_conv1d_varlen_ref, snapshot_conv_windows
+from .ref import ConvSnapshotIndex, causal_conv1d_varlen_ref, conv_snapshot_index, snapshot_conv_windows
 
 if HAS_TRITON:
     from .triton_conv import causal_conv1d_varlen
 else:
     causal_conv1d_varlen = missing_triton("causal_conv1d_varlen")
 
-__all__ = ["causal_conv1d_varlen", "causal_conv1d_varlen_ref", "snapshot_conv_windows"]
+__all__ = ["ConvSnapshotIndex", "causal_conv1d_varlen", "causal_conv1d_varlen_ref", "conv_snapshot_index",
+           "snapshot_conv_windows"]

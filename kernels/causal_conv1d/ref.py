@@ -12,6 +12,8 @@ A negative state slot means "no state": the window is zeros and nothing is writt
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -52,17 +54,25 @@ def causal_conv1d_varlen_ref(
     return y
 
 
-def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
-                          cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]]) -> None:
-    """conv_states[slot] <- the window before token `offset` of batch row `row` (its K-1
-    inputs), for each checkpoint (row, offset, slot). Call before the conv updates the rows'
-    windows: inputs before the step come from the row's own slot (zeros for a negative
-    slot). x: [T, D]; conv_states: [N+1, D, K-1]; state_slots: [B] (device, read on the
-    device); cu_seqlens: [B+1] host list. Plain torch indexing: the CPU and the GPU path."""
-    width = conv_states.shape[-1]
-    if not checkpoints or width == 0:
-        return
-    from_x, from_pool = [], []  # (dst slot, dst column, source token) / (dst slot, dst column, row, source column)
+@dataclass(frozen=True)
+class ConvSnapshotIndex:
+    """Where `snapshot_conv_windows` reads and writes, as device index tensors built once per
+    step (every conv layer of the step shares it). Taps that fall before the row's first token
+    come from its own slot's window (`pool_*`), the others from the step's inputs (`x_*`)."""
+
+    pool_dst_slots: torch.Tensor | None  # [n]
+    pool_dst_cols: torch.Tensor | None
+    pool_rows: torch.Tensor | None  # batch row whose slot holds the tap
+    pool_cols: torch.Tensor | None  # the tap's column in that window
+    x_dst_slots: torch.Tensor | None  # [m]
+    x_dst_cols: torch.Tensor | None
+    x_tokens: torch.Tensor | None  # the tap's token index in x
+
+
+def conv_snapshot_index(width: int, cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]],
+                        device: torch.device | str) -> ConvSnapshotIndex:
+    """The index of `snapshot_conv_windows` for windows of `width` (= K-1) taps; one host copy."""
+    from_pool, from_x = [], []  # (dst slot, dst column, row, source column) / (dst slot, dst column, token)
     for row, offset, slot in checkpoints:
         for j in range(width):
             p = offset - width + j  # relative position of tap j in the row
@@ -70,16 +80,36 @@ def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slot
                 from_x.append((slot, j, cu_seqlens[row] + p))
             else:
                 from_pool.append((slot, j, row, width + p))
-    device = conv_states.device
-    values = []
-    if from_pool:
-        rows = host_ints([r for _, _, r, _ in from_pool], device)
-        cols = host_ints([c for _, _, _, c in from_pool], device)
-        src_slots = state_slots.long()[rows]
-        kept = conv_states[src_slots.clamp(min=0), :, cols] * (src_slots >= 0)[:, None]  # [n, D], read before writing
-        values.append(([s for s, _, _, _ in from_pool], [j for _, j, _, _ in from_pool], kept))
-    if from_x:
-        values.append(([s for s, _, _ in from_x], [j for _, j, _ in from_x],
-                       x[host_ints([t for _, _, t in from_x], device)]))
-    for dst_slots, dst_cols, vals in values:
-        conv_states[host_ints(dst_slots, device), :, host_ints(dst_cols, device)] = vals.to(conv_states.dtype)
+    columns = [list(c) for c in zip(*from_pool)] if from_pool else [[]] * 4
+    columns += [list(c) for c in zip(*from_x)] if from_x else [[]] * 3
+    flat = host_ints([v for c in columns for v in c], device)
+    parts = list(flat.split([len(c) for c in columns]))
+    pool = parts[:4] if from_pool else [None] * 4
+    xs = parts[4:] if from_x else [None] * 3
+    return ConvSnapshotIndex(*pool, *xs)
+
+
+def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
+                          cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]],
+                          index: ConvSnapshotIndex | None = None) -> None:
+    """conv_states[slot] <- the window before token `offset` of batch row `row` (its K-1
+    inputs), for each checkpoint (row, offset, slot). Call before the conv updates the rows'
+    windows: inputs before the step come from the row's own slot (zeros for a negative
+    slot). x: [T, D]; conv_states: [N+1, D, K-1]; state_slots: [B] (device, read on the
+    device); cu_seqlens: [B+1] host list; index: `conv_snapshot_index` of the same
+    arguments (built here if None; a step's conv layers share one). Plain torch indexing:
+    the CPU and the GPU path."""
+    width = conv_states.shape[-1]
+    if not checkpoints or width == 0:
+        return
+    if index is None:
+        index = conv_snapshot_index(width, cu_seqlens, checkpoints, conv_states.device)
+    writes = []
+    if index.pool_rows is not None:
+        src_slots = state_slots.long()[index.pool_rows]
+        kept = conv_states[src_slots.clamp(min=0), :, index.pool_cols] * (src_slots >= 0)[:, None]  # read first
+        writes.append((index.pool_dst_slots, index.pool_dst_cols, kept))
+    if index.x_tokens is not None:
+        writes.append((index.x_dst_slots, index.x_dst_cols, x[index.x_tokens]))
+    for dst_slots, dst_cols, vals in writes:
+        conv_states[dst_slots, :, dst_cols] = vals.to(conv_states.dtype)

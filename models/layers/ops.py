@@ -165,7 +165,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place; checkpoint
     slots of fb.checkpoints receive the windows at their positions) -> y: [T, D]."""
     if fb.checkpoints:  # (checkpoints come with a plan: its host lists, no sync)
-        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.plan.cu_seqlens, fb.checkpoints)
+        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.plan.cu_seqlens, fb.checkpoints,
+                                    fb.conv_snapshot_index(conv_states.shape[-1]))
     if use_triton(x):
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
                                           max_seqlen=fb.max_extend_len)
