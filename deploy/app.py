@@ -37,7 +37,7 @@ from ray.serve import Application
 from ray.serve.schema import LoggingConfig
 
 from .config import AppConfig
-from .engine_client import check_supported
+from .engine_client import EngineFactory, check_supported
 from .ingress import OpenAIIngress
 from .server import LLMServer
 
@@ -47,9 +47,10 @@ def access_logging(enabled: bool) -> LoggingConfig:
     return LoggingConfig(enable_access_log=enabled)
 
 
-def build_app(args: dict[str, Any] | None = None) -> Application:
+def build_app(args: dict[str, Any] | None = None, engine_factory: EngineFactory | None = None) -> Application:
     """An Application: `OpenAIIngress` (tokenize, validate, stream, /metrics) over
-    `LLMServer` x `replicas` (one engine each)."""
+    `LLMServer` x `replicas` (one engine each, built by `engine_factory(config, replica)`:
+    default `engine_client.make_engine_client`)."""
     config = AppConfig.from_args(args)
     check_supported(config)
     rank0 = {"num_cpus": config.num_cpus_per_replica}
@@ -83,4 +84,4 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     # the ingress answers 503 itself past max_ingress_requests generation requests in flight;
     # Serve's cap on its calls is above that, so that the proxy never queues ahead of it
     ingress = OpenAIIngress.options(logging_config=logging, max_ongoing_requests=bounds["ingress_max_ongoing_requests"])
-    return ingress.bind(config, server.bind(config))
+    return ingress.bind(config, server.bind(config, engine_factory))
