@@ -5,7 +5,10 @@ and the CLI import it without torch)::
     hybrid-serve serve --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
 
 Methods: "ngram" (prompt lookup on the request's own tokens), "mtp" (the checkpoint's
-multi-token-prediction layers, `mtp.*` of Qwen3-Next / Qwen3.5: engine/spec/mtp.py), "remote" (proposals supplied
+multi-token-prediction layers, `mtp.*` of Qwen3-Next / Qwen3.5: engine/spec/mtp.py), "suffix"
+(the router's cluster-wide suffix index, fed by every replica's finished requests and read
+from a local copy: engine/spec/suffix.py; a replica of the Serve app attaches the source),
+"remote" (proposals supplied
 from outside the engine, e.g. the router's suffix drafter, through `RemoteDrafter.supply`),
 "synthetic" (benchmarks and tests: proposes a known continuation, each token right with
 probability `acceptance_rate`). "draft_model" is not implemented yet and is refused.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-METHODS = ("ngram", "mtp", "remote", "synthetic")
+METHODS = ("ngram", "mtp", "suffix", "remote", "synthetic")
 PLANNED_METHODS = ("draft_model", "eagle", "medusa")
 
 

@@ -20,6 +20,7 @@ from .drafter import DraftRequest, Drafter
 from .mtp import MtpDrafter
 from .ngram import NgramDrafter
 from .remote import RemoteDrafter
+from .suffix import SuffixDrafter
 from .synthetic import SyntheticDrafter
 
 
@@ -50,6 +51,8 @@ def make_drafter(config: SpeculativeConfig, vocab_size: int) -> Drafter:
         return RemoteDrafter()
     if config.method == "mtp":  # drafts supplied by the engine's MTP pass after each step
         return MtpDrafter()
+    if config.method == "suffix":  # the replica attaches the cluster-wide index's local copy
+        return SuffixDrafter()
     if config.method == "synthetic":
         return SyntheticDrafter(config.continuations, config.acceptance_rate, vocab_size, config.seed,
                                 vary_length=config.vary_length)

@@ -219,3 +219,22 @@ def test_stop_string_inside_accepted_drafts():
     got = spec.generate([prompt], params)[0].outputs[0]
     assert (got.text, got.token_ids, got.finish_reason) == (want.text, want.token_ids, want.finish_reason)
     assert got.finish_reason == "stop" and spec.engine.stats()["spec_accepted_tokens"] > 0
+
+
+def test_suffix_drafter_with_an_attached_index(baseline):
+    """Method "suffix": the replica attaches a local copy of the cluster-wide suffix index
+    (here a SuffixIndex holding earlier traffic: the same prompts with their outputs). The
+    repeated requests draft their whole continuation from it; output unchanged."""
+    from hybrid_serve.routing.suffix_index import SuffixIndex
+
+    model_dir, prompts, want = baseline("qwen3_5")
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=dict(method="suffix", num_speculative_tokens=4,
+                                                                      adaptive=False)))
+    index = SuffixIndex()
+    for p, w in zip(prompts, want):
+        index.add(list(p) + list(w))
+    llm.engine.spec.drafter.source = index
+    assert _tokens(llm.generate(prompts, GREEDY)) == want
+    stats = llm.engine.stats()
+    assert stats["spec_accepted_tokens"] >= 0.8 * stats["spec_draft_tokens"] > 0
+    llm.engine.cache.check_empty()
