@@ -84,7 +84,7 @@ class LLMEngine:
         # queue step N+1 before reading step N's tokens back (other ranks receive rank 0's
         # sampled tokens on the device: ModelRunner.execute)
         spec_config = config.speculative_config
-        self.mtp = spec_config is not None and spec_config.method == "mtp"  # MTP pass after every step
+        self.mtp = spec_config is not None and spec_config.method == "mtp"  # MTP pass after steps (_mtp_wanted)
         self.overlap = config.async_scheduling and not self.mtp
         self._inflight: _Launched | None = None  # a queued step whose tokens are not read yet
         self.num_generated_tokens = 0  # output tokens appended so far (all requests)
@@ -192,11 +192,13 @@ class LLMEngine:
         for req in launched.sampling:
             if not req.finished:
                 req.num_pending_tokens += 1
-        if self.overlap and launched.sampling and not launched.needs_logits:
+        mtp_pass = self.mtp and self._mtp_wanted()
+        overlap = self.overlap or (self.mtp and self.config.async_scheduling and not mtp_pass)
+        if overlap and launched.sampling and not launched.needs_logits:
             self._inflight = launched
         else:
             outputs += self._complete(launched)
-            if self.mtp:
+            if mtp_pass:
                 self._mtp_pass(launched)
         if self.config.check_integrity and not self.has_unfinished():
             self._check_idle_invariants()
@@ -242,6 +244,12 @@ class LLMEngine:
         if self.config.check_integrity and not self.has_unfinished():
             self._check_idle_invariants()
         return outputs
+
+    def _mtp_wanted(self) -> bool:
+        """MTP's pass after a plain step only while the adaptive depth may speculate soon:
+        where plain decoding measured faster, plain steps skip it and overlap again (the MTP
+        layers' KV then misses those positions: later drafts are worse, outputs unchanged)."""
+        return self.spec.depth.may_speculate_soon(len(self.scheduler.running))
 
     def _mtp_pass(self, launched: "_Launched") -> None:
         """After a completed step: extend the MTP layers' KV over its verified positions and

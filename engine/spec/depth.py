@@ -101,6 +101,20 @@ class AdaptiveDepth:
             rates.since_probe = 0
         return (rates.spec < rates.plain) != probe
 
+    def may_speculate_soon(self, batch_size: int, lookahead: int = 2) -> bool:
+        """Whether one of the next `lookahead` steps at this batch size may speculate (no
+        state changes). A drafter that prepares its drafts a step ahead (MTP's pass after each
+        step) skips that work, and its step may overlap, when not: speculation measured
+        slower here and no probe due."""
+        if not self.adaptive:
+            return True
+        if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
+            return False
+        rates = self._rates.get(self._bucket(batch_size))
+        if rates is None or rates.plain_steps < self.min_steps or rates.spec_steps < self.min_steps:
+            return True
+        return rates.spec >= rates.plain or rates.since_probe + lookahead >= self.probe_steps
+
     def acceptance(self, request_id: str) -> float:
         entry = self._requests.get(request_id)
         return entry.rate if entry is not None else self.prior

@@ -16,8 +16,11 @@ and the token after each. The MTP pass then, on every shard:
 
 The drafts (greedy, on the device, the same on every rank) come back to rank 0 and are kept
 by `MtpDrafter` (anchored at the request's length, as remote proposals are), which the
-adaptive depth then consults like any drafter. While MTP drafts, steps do not overlap (the
-pass needs each step's tokens on the host).
+adaptive depth then consults like any drafter. A step followed by the pass does not overlap
+the next (the pass needs the step's tokens on the host). Where the adaptive depth measured
+plain decoding faster and no probe is due (`AdaptiveDepth.may_speculate_soon`), plain steps
+skip the pass and overlap again; the MTP layers' KV then misses those positions, which only
+makes later drafts worse.
 
 Known limit: a prefix-cache hit reuses the MTP KV of the cached positions, and the KV at the
 hit's last position was computed with the token that followed it in the request that filled

@@ -108,3 +108,17 @@ def test_qwen3_next_mtp_with_moe_layer_dummy_weights(tmp_path):
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
     assert llm.engine.stats()["spec_draft_tokens"] > 0
     llm.engine.cache.check_empty()
+
+
+def test_mtp_with_adaptive_depth_keeps_greedy_output(mtp_model):
+    """Adaptive depth with MTP: steps switch between speculating (pass after each step, no
+    overlap) and plain (overlapped, pass skipped where plain measured faster); output stays
+    the target's."""
+    model_dir, target, _ = mtp_model
+    prompts = _prompts(target.config.vocab_size)
+    plain = LLM(model=model_dir, dtype="float32", max_num_seqs=3, max_num_batched_tokens=32, chunked_prefill_size=16)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, **_args(enable_prefix_caching=False,
+                                       speculative_config=dict(method="mtp", num_speculative_tokens=K)))
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
+    llm.engine.cache.check_empty()

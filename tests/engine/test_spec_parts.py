@@ -91,6 +91,28 @@ def test_adaptive_depth_turns_off_speculation_measured_slower():
     assert set(depth.depths(["r"], 64).values()) == {0}  # batch 64: no plain baseline measured yet
 
 
+def test_may_speculate_soon_predicts_the_next_steps_without_changing_them():
+    """MTP's pass after a step is skipped only where speculation measured slower and no probe
+    is within the next two steps; asking changes nothing."""
+    depth = AdaptiveDepth(4, min_steps=2, probe_steps=5)
+    depth.observe("r", 10, 10)
+    assert depth.may_speculate_soon(1)  # nothing measured yet
+    for _ in range(2):
+        depth.observe_step(False, 1, num_tokens=1, seconds=0.002)
+        depth.observe_step(True, 1, num_tokens=3, seconds=0.030)  # slower
+    soon, taken = [], []
+    for _ in range(10):
+        soon.append(depth.may_speculate_soon(1))
+        assert depth.may_speculate_soon(1) == soon[-1]  # no side effect
+        taken.append(depth.depths(["r"], 1)["r"] > 0)
+    for i, spec in enumerate(taken):  # every speculative step was announced one or two steps ahead
+        if spec:
+            assert any(soon[max(i - 2, 0): i + 1])
+    assert not all(soon)  # and plain stretches skip the pass
+    assert not AdaptiveDepth(4, disable_by_batch_size=8).may_speculate_soon(9)
+    assert AdaptiveDepth(4, adaptive=False).may_speculate_soon(64)
+
+
 def test_commit_verified_moves_every_layer_and_the_tag():
     spec = StateSpec(conv_dim=3, conv_width=2, ssm_shape=(2, 2), conv_dtype=torch.float32)
     pool = StatePool(4, 3, spec, "cpu", scratch_rows=3, scratch_steps=2)
