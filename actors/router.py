@@ -118,6 +118,7 @@ class RouterClient:
         self._reports: dict[str, dict] = {}  # replica -> latest report
         self._sent: dict[str, tuple[int, float]] = {}  # replica -> (seq, when) last sent to this epoch
         self._acked: dict[str, int] = {}  # replica -> the actor's last applied event seq
+        self.ready = threading.Event()  # set by the first successful sync
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="router-client", daemon=True)
         if start:
@@ -186,6 +187,7 @@ class RouterClient:
                 self._acked[replica_id] = reply["last_seq"][replica_id]
         self._apply(reply)
         self.last_ok = time.monotonic()
+        self.ready.set()
 
     def _apply(self, reply: dict) -> None:
         with self.lock:

@@ -71,7 +71,8 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: EngineFactory 
         options["request_router_config"] = RequestRouterConfig(
             request_router_class=HybridRequestRouter, request_routing_stats_period_s=config.router_stats_period_s,
             request_router_kwargs={"page_size": engine.page_size,
-                                   "checkpoint_interval": engine.state_checkpoint_interval})
+                                   "checkpoint_interval": engine.state_checkpoint_interval,
+                                   "model_name": config.model_name})
     bounds = config.queue_bounds()  # past them: 503 + Retry-After (the ingress's, or the replica's)
     if config.autoscaling_config is not None:
         options["autoscaling_config"] = config.autoscaling_config

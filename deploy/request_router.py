@@ -16,6 +16,7 @@ checkpoints. Routing never waits on anything but this process's memory.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -92,10 +93,13 @@ class HybridRequestRouter(RequestRouter):
     is unreachable, power of two choices (reason "fallback"). Otherwise (`shared_index=False`,
     or no Ray) a `SharedPrefixIndex` of this router's own."""
 
+    STARTUP_WAIT_S = 15.0  # the first requests wait this long at most for the actor's first sync
+
     def initialize_state(self, page_size: int = 16, checkpoint_interval: int = 256, hybrid: bool = True,
                          seed: int | None = None, shared_index: bool = True, refresh_period_s: float = 0.2,
                          stale_after_s: float = 2.0, model_name: str | None = None, **policy_kwargs: Any) -> None:
         self.client: RouterClient | None = None
+        self.started_at = time.monotonic()
         self.own: SharedPrefixIndex | None = None
         app = getattr(getattr(self, "_deployment_id", None), "app_name", "default")
         self.metrics = metrics.RouterMetrics(model_name or app, _ingress_label())
@@ -158,6 +162,8 @@ class HybridRequestRouter(RequestRouter):
         request = self._routing_request(pending_request)
         if request is None:  # e.g. model_info / check_health calls: any replica
             return [candidate_replicas]
+        if self.client is not None and not self.client.ready.is_set():
+            await self._await_first_sync()
         started = time.perf_counter()
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         placement = self.place(request, [self._stats(r) for r in candidate_replicas])
@@ -169,6 +175,14 @@ class HybridRequestRouter(RequestRouter):
             self.metrics.index_replicas.set(len(self.index.replicas))
         best = by_id[placement.replica_id]
         return [[best], [r for r in candidate_replicas if r is not best]]
+
+    async def _await_first_sync(self) -> None:
+        """Right after start-up the Router actor may still be coming up (created on first use):
+        the first requests wait for the first sync, up to STARTUP_WAIT_S after this router
+        started, rather than falling back to power-of-two and scattering the first turns of
+        conversations (later, an unreachable actor means fallback at once)."""
+        while not self.client.ready.is_set() and time.monotonic() < self.started_at + self.STARTUP_WAIT_S:
+            await asyncio.sleep(0.02)
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         request = self._routing_request(pending_request)

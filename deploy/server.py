@@ -77,6 +77,16 @@ class LLMServerImpl:
         self.cache_events = CacheEventRing(config.engine_config().page_size)
         self.on_engine_dead: Callable[[], None] | None = None  # the Serve replica leaves (`LLMServer`)
         self.engine_dead = False
+        self.suffix_feed = None  # speculative method "suffix": the cluster-wide index's feed (attach_suffix_feed)
+
+    def attach_suffix_feed(self, feed) -> None:
+        """Speculative method "suffix": finished requests (prompt + output ids) go to `feed`
+        (actors/suffix_feed.SuffixFeed: batched, fire-and-forget to the Router actor), and the
+        engine's SuffixDrafter looks drafts up in the feed's local copy of the index."""
+        self.suffix_feed = feed
+        drafter = getattr(getattr(getattr(self.engine, "engine", None), "spec", None), "drafter", None)
+        if drafter is not None and getattr(drafter, "name", None) == "suffix":
+            drafter.source = feed
 
     def routing_stats(self) -> dict:
         """What Serve hands the request router: the load admission sees, and the recent cache
@@ -116,6 +126,7 @@ class LLMServerImpl:
             yield Started(self.replica)
             stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id,
                                           validated=True)
+            output_ids: list[int] = []  # the first sequence's, for the suffix index
             try:
                 async for delta in stream:
                     if not answered:
@@ -123,6 +134,10 @@ class LLMServerImpl:
                         self.queue.leave(num_tokens)
                         self.num_answered += 1
                         self._first_token(time.monotonic() - arrived)
+                    if self.suffix_feed is not None and delta.seqs:
+                        output_ids += delta.seqs[0].token_ids
+                        if delta.finished:
+                            self.suffix_feed.add_finished(request.prompt_token_ids, output_ids)
                     yield delta
             except EngineDeadError as exc:  # the engine died under this request
                 yield self._dead(exc)
@@ -150,6 +165,19 @@ class LLMServerImpl:
         self.engine.shutdown()
 
 
+def suffix_feed(app_name: str, page_size: int, checkpoint_interval: int, model_name: str, replica: str):
+    """This replica's feed of the app's Router actor's suffix index (the actor the prefix
+    request router uses: same name), with a local copy refreshed in the background; its
+    proposals and index size are this replica's `hybrid_serve_suffix_*` series."""
+    from .. import metrics
+    from ..actors.router import get_router, router_name
+    from ..actors.suffix_feed import SuffixFeed
+
+    name = router_name(app_name, page_size, checkpoint_interval, True)
+    return SuffixFeed(lambda: get_router(name, page_size, checkpoint_interval, True),
+                      metrics=metrics.RouterMetrics(model_name, replica))
+
+
 ENGINE_DEAD_EXIT_DELAY_S = 0.25  # a replica whose engine died exits this long after it first says so (time
 # for its engine_dead answers to go out; one that does not reaches the ingress as replica_failed, retried the same)
 
@@ -170,6 +198,10 @@ class LLMServer:
         self.impl = LLMServerImpl(config, replica, engine_factory)
         loop = asyncio.get_running_loop()
         self.impl.on_engine_dead = lambda: loop.call_later(ENGINE_DEAD_EXIT_DELAY_S, os._exit, 1)
+        engine = config.engine_config()
+        if engine.speculative_config is not None and engine.speculative_config.method == "suffix":
+            self.impl.attach_suffix_feed(suffix_feed(ctx.app_name, engine.page_size, engine.state_checkpoint_interval,
+                                                     config.model_name, replica))
         self.pusher = MetricsPusher(get_hub(ctx.app_name), f"server:{replica}", config.metrics_push_interval_s)
         self.pusher.start()
 

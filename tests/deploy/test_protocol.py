@@ -648,3 +648,21 @@ def test_metrics_merge_keeps_one_family_per_name():
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     counts = [s for s in fams["hybrid_serve_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert {s.labels["replica"] for s in counts} >= {"ra", "rb"}
+
+
+def test_finished_requests_feed_the_suffix_index(tokenizer):
+    """Speculative method "suffix": each finished request's prompt and output ids go to the
+    replica's suffix feed (then, batched, to the Router actor's cluster-wide index)."""
+    class Feed:
+        def __init__(self):
+            self.documents = []
+
+        def add_finished(self, prompt_ids, output_ids):
+            self.documents.append((list(prompt_ids), list(output_ids)))
+
+    client, engine = make_client(tokenizer)
+    feed = Feed()
+    client.server.attach_suffix_feed(feed)
+    for stream in (False, True):
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "stream": stream}).status_code == 200
+    assert feed.documents == [(engine.requests[0][1], [10, 11, 12]), (engine.requests[1][1], [10, 11, 12])]
