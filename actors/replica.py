@@ -100,6 +100,10 @@ class ReplicaActor:
         """Steps the current engine has run (callable while `generate` runs)."""
         return self.replica.engine.num_steps
 
+    def stats(self) -> dict:
+        """The engine's gauges and counters (LLMEngine.stats)."""
+        return self.replica.engine.stats()
+
     def worker_handles(self) -> list:
         return list(self.replica.workers)
 

@@ -39,24 +39,24 @@ def test_tp2_with_speculation_equals_tp1_without(family, reference_models, clust
 
 
 @pytest.mark.slow
-def test_tp2_with_mtp_equals_tp1(tmp_path, cluster):
-    """MTP across ranks: every rank extends its shard of the MTP layer's KV and drafts the
-    same tokens (the LM head's logits are gathered); tp=2 drafts and accepts what tp=1 does."""
-    from mtp_reference import build_mtp_reference
-
-    build_mtp_reference(str(tmp_path))
-    gen = torch.Generator().manual_seed(6)
-    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (3, 30, 70)]
+def test_tp2_with_mtp_equals_tp1(cluster):
+    """MTP across ranks on the trained demo (its `mtp.*` layer predicts real text, so drafts
+    are accepted): every rank extends its shard of the MTP layer's KV and drafts from the
+    gathered logits; tp=2 gives tp=1's tokens and accepts about as many drafts (fp32
+    all-reduce order may flip a rare near-tied draft)."""
+    prompts = ["def fibonacci(n):\n", "import os\nimport sys\n\n\ndef main(argv):\n",
+               "class Stack:\n    def __init__(self):\n        self.items = []\n"]
     spec = dict(method="mtp", num_speculative_tokens=3, adaptive=False)
     args = dict(dtype="float32", chunked_prefill_size=16, state_checkpoint_interval=16, speculative_config=spec)
-    one = LLM(model=str(tmp_path), **args)
+    one = LLM(**args)
     want = [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)]
-    llm = LLM(model=str(tmp_path), tp_size=2, **args)
+    llm = LLM(tp_size=2, **args)
     try:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
-        stats = llm.engine.stats()
+        stats = ray.get(llm.replicas.replicas[0].stats.remote())
     finally:
         llm.shutdown()
     assert got == want
-    keys = ("spec_verify_rows", "spec_draft_tokens", "spec_accepted_tokens")
-    assert {k: stats[k] for k in keys} == {k: one.engine.stats()[k] for k in keys}
+    base = one.engine.stats()
+    assert base["spec_accepted_tokens"] >= 10
+    assert abs(stats["spec_accepted_tokens"] - base["spec_accepted_tokens"]) <= 0.1 * base["spec_accepted_tokens"] + 2
