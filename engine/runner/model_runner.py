@@ -119,8 +119,10 @@ class ModelRunner:
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Returns fp32 logits [plan.num_logits, V], or None when nothing samples."""
         apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
-        if plan.mtp is not None:
-            return self.run_mtp(plan.mtp)
+        if plan.mtp is not None:  # a drafting pass instead of a forward
+            drafts = self.run_mtp(plan.mtp)
+            apply_cache_ops(plan.post_ops, self.req_table, self.state_pool)
+            return drafts
         if plan.has_pending:
             broadcast_from_rank0(self.last_tokens)
         logits = None
