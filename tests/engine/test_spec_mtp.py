@@ -50,7 +50,8 @@ def test_mtp_drafts_equal_chained_reference_and_greedy_unchanged(mtp_model):
     for tokens, drafts in seen:
         assert drafts == reference_drafts(target, ref, tokens, K), f"after {len(tokens)} tokens"
     stats = llm.engine.spec.stats
-    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens >= 0
+    assert stats.num_draft_tokens > 0 and 0 <= stats.num_accepted_tokens <= stats.num_draft_tokens
+    assert sum(stats.accepted_per_position) == stats.num_accepted_tokens
     llm.engine.cache.check_empty()
 
 
