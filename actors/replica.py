@@ -35,7 +35,7 @@ class ReplicaEngine:
         self.channel: ShmChannel | None = None
         self.workers = []
         self._serve_refs = []
-        channel = None
+        channel = on_shard_loaded = None  # tp > 1: wait for the workers' shards, then start them
         if tp_size > 1:
             pg = placement_group or get_current_placement_group()
             use_gpu = config.device.startswith("cuda")
@@ -50,10 +50,17 @@ class ReplicaEngine:
             channel = self.channel = ShmChannel(None, tp_size - 1)  # the ranks share a node (STRICT_PACK)
             joined = [w.setup.remote(addr, store.port, channel.name) for w in self.workers]
             init_tp_group(0, tp_size, addr, store.port, config.device, store=store)
-            ray.get(joined)
-            self._serve_refs = [w.serve.remote() for w in self.workers]
+
+            def start_workers() -> None:
+                """Every rank loads its shard at the same time: rank 0 waits for the others
+                only once its own is loaded (a worker's load error is raised here)."""
+                ray.get(joined)
+                self._serve_refs = [w.serve.remote() for w in self.workers]
+
+            on_shard_loaded = start_workers
+
         try:
-            self.engine = LLMEngine(config, tokenizer, channel)
+            self.engine = LLMEngine(config, tokenizer, channel, on_shard_loaded)
         except Exception:
             self.shutdown()
             raise

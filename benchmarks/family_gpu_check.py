@@ -51,7 +51,6 @@ import sys
 import tempfile
 import time
 import traceback
-import zlib
 
 import torch
 
@@ -89,27 +88,6 @@ def write_config(family: str, out_dir: str) -> str:
     path = os.path.join(out_dir, family)
     cfg.save_pretrained(path)
     return path
-
-
-def gpu_dummy_checkpoint(cls, hf_config, seed: int, device, enable_mtp: bool = False):
-    """`loader.dummy_checkpoint`'s weights (same names, distribution, bf16 rounding), drawn on the GPU."""
-    from hybrid_serve.distributed import tp_context
-    from hybrid_serve.models.loader import build_model
-
-    with tp_context(rank=0, size=1), torch.device("meta"):
-        full = build_model(cls, hf_config, enable_mtp)
-    full.tie_weights()
-    modules = dict(full.named_modules())
-    for name, param in full.named_parameters():
-        gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-        std = 0.02 if param.dim() > 1 else 0.1
-        values = torch.randn(param.shape, generator=gen, device=device) * std
-        owner = name.rsplit(".", 1)[0]
-        if param.dim() == 1 and "norm" in owner.rsplit(".", 1)[-1] and not getattr(modules.get(owner), "zero_centered",
-                                                                                     False):
-            values += 1.0
-        yield name, values.to(torch.bfloat16).float()
-        del values
 
 
 def weight_accounting(model, hf_config) -> dict:
@@ -234,9 +212,6 @@ def measure(llm, engine, cfg, acct, layout, kv_per_token, prefill_len, bw, tflop
 
 def child(family: str, out_path: str, bw: float, tflops: float, small: bool, prompt_lens: tuple[int, ...],
           match_only: bool) -> None:
-    from hybrid_serve.models import loader
-
-    loader.dummy_checkpoint = gpu_dummy_checkpoint
     from hybrid_serve import LLM
     from hybrid_serve.kernels._common import HAS_TRITON
 

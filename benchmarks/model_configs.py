@@ -36,6 +36,30 @@ def qwen3_next_1b():
                            max_position_embeddings=32768, tie_word_embeddings=False)
 
 
+def qwen3_next_80b_a3b():
+    """Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct's config.json): 48 layers, full
+    attention every 4th (16 heads of 256, 2 KV heads, gated output), Gated DeltaNet (16 key /
+    32 value heads of 128), 512 experts of intermediate 512, top-10, + a shared expert of 512."""
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(hidden_size=2048, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=2,
+                           head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                           linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=512,
+                           num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                           intermediate_size=5120, decoder_sparse_step=1, norm_topk_prob=True,
+                           full_attention_interval=4, partial_rotary_factor=0.25, rope_theta=10_000_000.0,
+                           rms_norm_eps=1e-6, vocab_size=151936, max_position_embeddings=262144,
+                           tie_word_embeddings=False)
+
+
+def qwen3_next_80b_12l():
+    """A 12-layer slice of Qwen3-Next-80B-A3B (3 attention + 9 GDN layers), for one GPU."""
+    cfg = qwen3_next_80b_a3b()
+    cfg.num_hidden_layers = 12
+    cfg.layer_types = cfg.layer_types[:12]
+    return cfg
+
+
 def lfm2_1b():
     from transformers import Lfm2Config
 
@@ -115,6 +139,7 @@ def falcon_h1_0p5b():
 
 
 CONFIGS = {"qwen3_5_2p3b": qwen3_5_2p3b, "qwen3_5_1b": qwen3_5_1b, "qwen3_next_1b": qwen3_next_1b,
+           "qwen3_next_80b_a3b": qwen3_next_80b_a3b, "qwen3_next_80b_12l": qwen3_next_80b_12l,
            "lfm2_1b": lfm2_1b, "nemotron_h_1b": nemotron_h_1b, "qwen3_5_moe_35b_a3b": qwen3_5_moe_35b_a3b,
            "lfm2_moe_8b_a1b": lfm2_moe_8b_a1b, "bamba_9b": bamba_9b, "granite_4_0_h_tiny": granite_4_0_h_tiny,
            "falcon_h1_0p5b": falcon_h1_0p5b}

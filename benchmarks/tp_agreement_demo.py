@@ -1,11 +1,12 @@
-"""tp=2 vs tp=1 on the trained demo model, on CPU (gloo) in fp32 and bf16 (issue 16's check
-where no two-GPU machine is lent): the 64 held-out prompts of bf16_agreement_trained_demo.py,
+"""tp=N vs tp=1 on the trained demo model: on CPU (gloo) or on GPUs (NCCL, one per shard), in
+fp32 and bf16 (issues 16 and 18): the 64 held-out prompts of bf16_agreement_trained_demo.py,
 32 greedy tokens. Per dtype: the share of prompts whose first 16 (and all 32) tokens are
 identical, of equal tokens, and the mean KL(tp=1 || tp=2) of the next-token distributions
 over tp=1's top-20 tokens (logprobs=20, renormalised over the tokens both runs list) at the
 positions where the two still agree.
 
-    python benchmarks/tp_agreement_demo.py [--prompts 64] [--tokens 32]   # JSON into $OUT
+    python benchmarks/tp_agreement_demo.py [--prompts 64] [--tokens 32]   # CPU, tp=2; JSON into $OUT
+    python benchmarks/tp_agreement_demo.py --device cuda --tps 2,4 --dtypes bfloat16
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from hybrid_serve.demo import DEMO_DIR
 from hybrid_serve.demo.corpus import heldout_prompts
 
 
-def run(dtype: str, tp: int, prompts, tokens: int):
-    llm = LLM(dtype=dtype, tp_size=tp, max_num_seqs=64, enable_prefix_caching=False, max_model_len=512)
+def run(dtype: str, tp: int, prompts, tokens: int, device: str = "cpu"):
+    llm = LLM(dtype=dtype, tp_size=tp, device=device, max_num_seqs=64, enable_prefix_caching=False, max_model_len=512)
     start = time.perf_counter()
     try:
         outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, logprobs=20))
@@ -65,26 +66,40 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads of this process")
+    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, a GPU per shard)")
+    ap.add_argument("--tps", default="2", help="comma-separated tensor-parallel sizes compared with tp=1")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    tps = [int(t) for t in args.tps.split(",")]
+    if args.device == "cpu":
+        ray.init(num_cpus=2 * max(tps), include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
     from hybrid_serve.engine.tokenizer import load_tokenizer
 
     tok = load_tokenizer(DEMO_DIR)
     prompts = [tok.encode(t, add_special_tokens=False) for t in heldout_prompts(args.prompts)]
     rows, seconds = {}, {}
-    for dtype in ("float32", "bfloat16"):
-        base, seconds[f"{dtype}_tp1"] = run(dtype, 1, prompts, args.tokens)
-        other, seconds[f"{dtype}_tp2"] = run(dtype, 2, prompts, args.tokens)
-        rows[dtype] = compare(base, other)
-        print(dtype, json.dumps(rows[dtype]), flush=True)
+    for dtype in args.dtypes.split(","):
+        base, seconds[f"{dtype}_tp1"] = run(dtype, 1, prompts, args.tokens, args.device)
+        for tp in tps:
+            other, seconds[f"{dtype}_tp{tp}"] = run(dtype, tp, prompts, args.tokens, args.device)
+            rows[f"{dtype}_tp{tp}"] = compare(base, other)
+            print(dtype, f"tp={tp}", json.dumps({k: v for k, v in rows[f"{dtype}_tp{tp}"].items()
+                                                 if k != "divergences"}), flush=True)
     ray.shutdown()
-    result = {"metric": "tp2_vs_tp1_trained_demo", "device": f"cpu ({os.cpu_count()} cores), gloo",
+    if args.device == "cpu":
+        where = f"cpu ({os.cpu_count()} cores), gloo"
+    else:
+        where = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}, NCCL"
+    name = "tp2_vs_tp1_trained_demo" if tps == [2] and args.device == "cpu" else f"tp_vs_tp1_trained_demo_{args.device}"
+    result = {"metric": name, "device": where,
               "workload": f"{args.prompts} held-out stdlib prompts x {args.tokens} greedy tokens, trained demo model",
               "rows": rows, "seconds": seconds}
     out_dir = os.environ.get("OUT", "./bench_out")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "tp2_vs_tp1_trained_demo.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=1)
 
 

@@ -224,5 +224,7 @@ class LLMServer:
         self.impl.check_health()
 
     async def __del__(self) -> None:
-        await self.pusher.stop()
-        self.impl.shutdown()
+        if getattr(self, "pusher", None) is not None:  # absent when __init__ failed (it raised the cause)
+            await self.pusher.stop()
+        if getattr(self, "impl", None) is not None:
+            self.impl.shutdown()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from dataclasses import dataclass
 
@@ -55,10 +56,17 @@ class LLMEngine:
     per rank); they execute the same plan on their shards, and rank 0 samples.
     """
 
-    def __init__(self, config: EngineConfig, tokenizer=None, channel=None) -> None:
+    def __init__(self, config: EngineConfig, tokenizer=None, channel=None, on_shard_loaded=None) -> None:
+        """`on_shard_loaded()`: called once this rank's weights are loaded, before the pools are
+        planned and sent (a replica waits there for the other ranks, which load theirs meanwhile)."""
         self.config = config
         self.device = torch.device(config.device)
+        t0 = time.perf_counter()
         self.shard = Shard(config)
+        t1 = time.perf_counter()
+        if on_shard_loaded is not None:
+            on_shard_loaded()
+        t2 = time.perf_counter()
         self.model, self.hf_config, self.dtype = self.shard.model, self.shard.hf_config, self.shard.dtype
         self.tokenizer = tokenizer
         self.channel = channel
@@ -70,6 +78,12 @@ class LLMEngine:
             channel.send(self.pool_setup)
         self.shard.build_pools(self.pool_setup)
         self.runner = self.shard.runner
+        # start-up, in seconds: this rank's load, waiting for the other ranks' loads, pools + warm-up + graphs
+        self.startup_seconds = {"load_shard": t1 - t0, "wait_other_ranks": t2 - t1,
+                                "pools_warm_up_graphs": time.perf_counter() - t2}
+        if self.device.type == "cuda":
+            print("hybrid-serve: engine ready: " + ", ".join(f"{k} {v:.1f} s" for k, v in self.startup_seconds.items()),
+                  file=sys.stderr, flush=True)
         self.limits = ModelLimits(self.pool_setup.max_model_len, int(self.hf_config.vocab_size))
         self.cache = CacheManager.from_setup(self.pool_setup, needs_state=layout.num_state_layers > 0,
                                              enable_prefix_cache=config.enable_prefix_caching)

@@ -36,7 +36,7 @@ class PoolOptions:
 
     page_size: int
     max_num_seqs: int
-    max_model_len: int | None  # None: the model's, capped to what the KV part of the budget holds
+    max_model_len: int | None  # None: the model's, capped to what the budget holds (KV, checkpoints)
     model_max_len: int  # the model's own context (max_position_embeddings)
     state_pool_fraction: float
     state_checkpoint_interval: int
@@ -128,6 +128,21 @@ def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int,
     return PoolSizes(num_kv_pages=int(num_pages), num_state_slots=int(num_slots))
 
 
+def _checkpointed_len_cap(budget_bytes: int, layout: PoolLayout, o: PoolOptions) -> int:
+    """The longest request whose own state slot and prefix-cache checkpoints (one per
+    `state_checkpoint_interval` tokens, + 1) fit the state part of the budget: a running
+    request keeps its checkpoints locked, so a longer one could never be admitted.
+
+        slots = budget x state_pool_fraction // slot bytes;  1 + (len // interval + 1) <= slots
+    """
+    if not (o.enable_prefix_cache and layout.num_state_layers and layout.state_bytes_per_slot):
+        return o.model_max_len
+    slots = int(budget_bytes * o.state_pool_fraction) // layout.state_bytes_per_slot
+    if slots < 3:  # not even one checkpoint: left to size_pools' error, which names the numbers
+        return o.model_max_len
+    return (slots - 1) * o.state_checkpoint_interval - 1
+
+
 def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> PoolSetup:
     """Pool sizes and max_model_len from one budget (or the explicit overrides)."""
     o, page_bytes, slot_bytes = options, layout.kv_bytes_per_page, layout.state_bytes_per_slot
@@ -141,11 +156,11 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
                          f"or the speculative max_num_seqs, or raise the budget")
     budget_bytes -= scratch_bytes
     max_model_len = o.max_model_len
-    if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
+    if max_model_len is None:  # the model's, capped to what the budget holds
         state_part = min(int(budget_bytes * o.state_pool_fraction), o.max_num_seqs * slot_bytes)
         kv_tokens = (budget_bytes - state_part) // page_bytes * o.page_size - o.page_size if page_bytes \
             else o.model_max_len
-        max_model_len = max(1, min(o.model_max_len, kv_tokens))
+        max_model_len = max(1, min(o.model_max_len, kv_tokens, _checkpointed_len_cap(budget_bytes, layout, o)))
     ckpts = 0
     if o.enable_prefix_cache and layout.num_state_layers:
         ckpts = max_model_len // o.state_checkpoint_interval + 1

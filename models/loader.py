@@ -108,22 +108,29 @@ def iterate_checkpoint(model_dir: str, progress: bool = True) -> Iterator[tuple[
 def dummy_checkpoint(cls, hf_config, seed: int, device, enable_mtp: bool = False
                      ) -> Iterator[tuple[str, torch.Tensor]]:
     """Random full-size weights, as a checkpoint would hold them: each tensor drawn from its own
-    CPU generator seeded by (seed, name), so every TP rank and every device get the same model. N(0, 0.02) for
+    generator seeded by (seed, name), so every TP rank gets the same model. N(0, 0.02) for
     matrices, N(0, 0.1) for vectors, 1 + N(0, 0.1) for norm weights that multiply (not zero-centered ones),
     rounded to bf16 values as a released bf16 checkpoint holds them (an fp32 model then computes on exactly
-    the weights a bf16 one has)."""
+    the weights a bf16 one has).
+
+    On a CUDA device the draw runs there (an 80B model's weights in seconds rather than the
+    minutes a CPU generator takes per rank): equal on every GPU of one model, which is what the
+    ranks of a replica are, but not equal to the CPU draw, which CPU runs and tests keep."""
+    device = torch.device(device)
+    draw_on = device if device.type == "cuda" else torch.device("cpu")
     with tp_context(rank=0, size=1), torch.device("meta"):  # the full model's names and shapes
         full = build_model(cls, hf_config, enable_mtp)
     full.tie_weights()
     modules = dict(full.named_modules())
-    for name, param in full.named_parameters():  # drawn on the CPU: the same weights on every device
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    for name, param in full.named_parameters():
+        gen = torch.Generator(device=draw_on).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
         std = 0.02 if param.dim() > 1 else 0.1
-        values = torch.randn(param.shape, generator=gen) * std
+        values = torch.randn(param.shape, generator=gen, device=draw_on).mul_(std)
         owner = name.rsplit(".", 1)[0]
         if param.dim() == 1 and "norm" in owner.rsplit(".", 1)[-1] and not getattr(modules.get(owner), "zero_centered", False):
             values += 1.0  # a norm that multiplies by its weight starts near 1, as trained ones are
         yield name, values.to(torch.bfloat16).float().to(device)
+        del values
 
 
 # config fields whose heads/groups are split across tensor-parallel ranks

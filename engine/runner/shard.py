@@ -30,6 +30,8 @@ class Shard:
         self.model, self.hf_config, self.dtype = load_model(
             config.model, config.dtype, self.device, config.load_format, seed=config.seed,
             enable_mtp=spec is not None and spec.method == "mtp")
+        if self.device.type == "cuda":  # the loader's transient tensors must not count against the cache budget
+            torch.cuda.empty_cache()
         self.runner: ModelRunner | None = None
 
     @property

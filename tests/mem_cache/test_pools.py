@@ -1,4 +1,6 @@
 """Id allocators, device pools, cache ops, sizing and the cache-manager facade."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -143,3 +145,24 @@ def test_no_free_state_slot_leaves_the_cached_kv_alone():
     for alloc in (b, c, d):
         cache.release(alloc)
     cache.check_empty()
+
+
+def test_default_max_model_len_fits_one_request_with_its_checkpoints():
+    """max_model_len not given: the model's context is capped so that one request's own state
+    slot and its checkpoints fit the state part (Qwen3-Next-80B at tp=4 on an H100: 262,144
+    tokens would need 1,026 slots of 19 MB where 481 fit, and start-up failed); a max_model_len
+    the user asks for that does not fit still fails, naming the numbers."""
+    from hybrid_serve.mem_cache.sizing import PoolLayout, PoolOptions, plan_pools
+    layout = PoolLayout(num_attn_layers=2, num_state_layers=6, kv_bytes_per_page=1_000, state_bytes_per_slot=100_000,
+                        state_spec=StateSpec(conv_dim=8, conv_width=3, ssm_shape=None, conv_dtype=torch.float32))
+    options = PoolOptions(page_size=16, max_num_seqs=8, max_model_len=None, model_max_len=262_144,
+                          state_pool_fraction=0.25, state_checkpoint_interval=256, enable_prefix_cache=True)
+    budget = 40_000_000  # 100 state slots; KV pages for far more than 262,144 tokens
+    setup = plan_pools(layout, budget, options)
+    assert setup.max_model_len == 99 * 256 - 1
+    assert 1 + setup.checkpoints_per_request <= setup.num_state_slots == 100
+    longer = dataclasses.replace(options, max_model_len=99 * 256)
+    with pytest.raises(ValueError, match="state slots"):
+        plan_pools(layout, budget, longer)
+    no_cache = dataclasses.replace(options, enable_prefix_cache=False)
+    assert plan_pools(layout, budget, no_cache).max_model_len == 262_144
