@@ -8,7 +8,7 @@ Grouping, with A = T*K (token, slot) assignments, a = t*K + k, and tiles of BLOC
     tile_expert[m]     expert of tile m (E = past the end: the program exits)
 
 All of it is built with device ops from shapes only (no host sync): the tile count is
-bounded by cdiv(A, BLOCK_M) + E. Then, one program per (tile, block of output columns):
+bounded by min(cdiv(A, BLOCK_M) + E, A). Then, one program per (tile, block of output columns):
 
     GEMM 1: h[a]   = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)        h: [A, I] in x's dtype
             (activation "relu2": h[a] = relu(x[t] @ up_e^T)^2, Nemotron-H's non-gated experts)
@@ -139,7 +139,9 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     """-> sorted_rows [max_tiles*BM] (assignment ids, A = padding), tile_expert [max_tiles]."""
     flat = topk_ids.flatten()  # [A]
     num_assign, device = flat.numel(), flat.device
-    max_tiles = triton.cdiv(num_assign, block_m) + num_experts
+    # every tile holding rows holds >= 1 assignment, so there are at most A of them: at decode
+    # (A = 10 of 512 experts) 10 tiles instead of 513, most of whose programs would only exit
+    max_tiles = min(triton.cdiv(num_assign, block_m) + num_experts, num_assign)
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)  # [E]

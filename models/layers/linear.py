@@ -79,6 +79,13 @@ class RowParallelLinear(nn.Module):
             y = all_reduce(ops.linear(x, self.weight))
         return y if self.bias is None else y + self.bias
 
+    def partial(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """x_r W_r^T in out_dtype, not reduced (the caller all-reduces; no bias: it would be
+        added once per rank)."""
+        if self.bias is not None:
+            raise ValueError("a partial sum of a row-parallel linear with a bias is not defined")
+        return ops.linear(x, self.weight, out_dtype=out_dtype)
+
 
 class ReplicatedLinear(nn.Module):
     """Same weight on every rank (small projections, routers)."""

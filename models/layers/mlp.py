@@ -21,3 +21,8 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up.concatenated(x)))
+
+    def partial(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """x: [T, H] -> this rank's partial sum [T, H] in out_dtype, before the all-reduce (for a
+        caller that adds other partial sums first and reduces once: SparseMoeBlock)."""
+        return self.down_proj.partial(ops.silu_and_mul(self.gate_up.concatenated(x)), out_dtype)

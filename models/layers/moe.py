@@ -75,11 +75,12 @@ class FusedExperts(nn.Module):
         """Per-expert checkpoint tensors that make one expert's slice of parameter `attr`."""
         return 2 if attr == "gate_up_proj" else 1
 
-    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum, in
-        `partial_sum_dtype` (fp32 under tensor parallelism in bf16)."""
+        out_dtype (default `partial_sum_dtype`: fp32 under tensor parallelism in bf16)."""
         return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids,
-                             out_dtype=partial_sum_dtype(x.dtype))
+                             out_dtype=out_dtype or partial_sum_dtype(x.dtype))
 
 
 class SparseMoeBlock(nn.Module):
@@ -113,18 +114,28 @@ class SparseMoeBlock(nn.Module):
             raise ValueError("shared_expert_gate needs a shared_expert")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] -> [T, H] (complete, all-reduced across ranks)."""
+        """x: [T, H] -> [T, H] (complete, all-reduced across ranks).
+
+        The routed experts' and the shared expert's partial sums are added on each rank and
+        all-reduced once (one all-reduce per layer, not two), in fp32 for bf16/fp16 models at
+        every tp (so tp=1 rounds once where tp=N does: their tokens agree)."""
         # the router in fp32: in bf16, near-tied experts flip and the output jumps
         router_logits = ops.router_logits(x, self.gate.weight)  # [T, E]
         topk_weights, topk_ids = softmax_topk(router_logits, self.top_k, self.norm_topk_prob)  # [T, K]
         topk_weights = topk_weights.to(x.dtype)
-        out = all_reduce(self.experts(x, topk_ids, topk_weights)).to(x.dtype)  # [T, H]
-        if self.shared_expert is not None:
-            shared = self.shared_expert(x)  # [T, H]
-            if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared  # gate: [T, 1]
-            out = out + shared
-        return out
+        if self.shared_expert is None or not hasattr(self.shared_expert, "partial"):
+            out = all_reduce(self.experts(x, topk_ids, topk_weights)).to(x.dtype)  # [T, H]
+            return out if self.shared_expert is None else out + self._gated(x, self.shared_expert(x))
+        acc_dtype = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+        partial = self.experts(x, topk_ids, topk_weights, out_dtype=acc_dtype)  # [T, H]
+        partial += self._gated(x, self.shared_expert.partial(x, acc_dtype))
+        return all_reduce(partial).to(x.dtype)
+
+    def _gated(self, x: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+        """sigmoid(shared_expert_gate(x)) * shared, gate [T, 1] (or shared as is, ungated)."""
+        if self.shared_expert_gate is None:
+            return shared
+        return torch.sigmoid(self.shared_expert_gate(x)) * shared
 
 
 class PerExpertWeightLoader:

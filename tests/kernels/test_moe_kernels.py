@@ -55,6 +55,19 @@ def test_fused_moe_relu2_matches_ref(dtype, tol):
     assert got.dtype == dtype
     assert rel_err(got.float().cpu(), want) < tol
 
+def test_fused_moe_more_experts_than_assignments():
+    """Decode-like: 2 tokens x top-4 over 32 experts (8 assignments, so at most 8 tiles are
+    launched, not cdiv(8, BLOCK_M) + 32); every assignment still lands in its expert's tile."""
+    E, K, H, I, T = 32, 4, 24, 40, 2
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(T, H, generator=g).to(DEVICE)
+    gate_up, down = _experts(E, H, I, torch.float32, seed=3)
+    weights, ids = moe_topk_softmax_ref(torch.randn(T, E, generator=g), K, True)
+    got = fused_moe(x, gate_up, down, weights.to(DEVICE), ids.to(DEVICE))
+    want = fused_moe_ref(x.cpu(), gate_up.cpu(), down.cpu(), weights, ids)
+    assert rel_err(got.cpu(), want) < 1e-5
+
+
 def test_fused_moe_many_tokens_one_expert():
     """All assignments on one expert: several tiles of one expert, the others idle."""
     E, K, H, I, T = 4, 1, 16, 16, 37
