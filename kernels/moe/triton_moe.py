@@ -8,7 +8,8 @@ Grouping, with A = T*K (token, slot) assignments, a = t*K + k, and tiles of BLOC
     tile_expert[m]     expert of tile m (E = past the end: the program exits)
 
 All of it is built with device ops from shapes only (no host sync): the tile count is
-bounded by min(cdiv(A, BLOCK_M) + E, A). Then, one program per (tile, block of output columns):
+bounded by min(cdiv(A, BLOCK_M) + E, A). With few assignments over many experts (4A <= E,
+decode) the grouping is skipped: tile m holds assignment m alone. Then, one program per (tile, block of output columns):
 
     GEMM 1: h[a]   = silu(x[t] @ gate_e^T) * (x[t] @ up_e^T)        h: [A, I] in x's dtype
             (activation "relu2": h[a] = relu(x[t] @ up_e^T)^2, Nemotron-H's non-gated experts)
@@ -63,15 +64,22 @@ def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, st
 def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, weights_ptr,
                      num_assign, num_experts, n_out, k_in, stride_a, stride_we, stride_wn, stride_out,
                      A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, RELU2: tl.constexpr, SCALE_ROWS: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+                     ONE_ROW_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
     """out[a, n] = act(A[a // A_ROW_DIV] @ W_e[n]^T) for the rows of one expert tile.
     GATED: W_e rows [gate (n_out) | up (n_out)], act = silu(gate) * up. RELU2: act = relu(.)^2.
-    SCALE_ROWS: * weights[a]."""
+    SCALE_ROWS: * weights[a]. ONE_ROW_TILES: tile m is assignment m alone, its expert
+    tile_expert[m] (the flat top-k ids; sorted_rows unused): no grouping pass. A row's values
+    do not depend on the other rows of its tile, so both layouts give the same bits."""
     tile, pid_n = tl.program_id(0), tl.program_id(1)
-    expert = tl.load(tile_expert_ptr + tile)
-    if expert >= num_experts:
-        return
-    rows = tl.load(sorted_rows_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM] assignment ids
+    if ONE_ROW_TILES:
+        expert = tl.load(tile_expert_ptr + tile)
+        rows = tl.where(tl.arange(0, BLOCK_M) == 0, tile, num_assign)  # [BM]: row 0 only
+    else:
+        expert = tl.load(tile_expert_ptr + tile)
+        if expert >= num_experts:
+            return
+        rows = tl.load(sorted_rows_ptr + tile * BLOCK_M + tl.arange(0, BLOCK_M))  # [BM] assignment ids
     row_ok = rows < num_assign
     a_rows = (rows // A_ROW_DIV).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -156,6 +164,12 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
     return sorted_rows, tile_expert
 
 
+def one_row_tiles(num_assign: int, num_experts: int) -> bool:
+    """A tile per assignment (no grouping) when 4A <= E: an expert is then read twice for
+    about A / 2E of the assignments (two tokens picking it), under 1/8."""
+    return 4 * num_assign <= num_experts
+
+
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
@@ -190,7 +204,14 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
         return torch.zeros(x.shape, dtype=out_dtype, device=x.device)
     num_assign = num_tokens * top_k
     block_m = 16 if num_assign <= 4 * num_experts * 16 else 64
-    sorted_rows, tile_expert = _align(topk_ids.long(), num_experts, block_m)
+    # Few assignments over many experts (decode): a tile per assignment, no grouping pass (its
+    # dozen small launches cost more than the rare expert read twice: ~A / 2E of the reads).
+    one_row = one_row_tiles(num_assign, num_experts)
+    if one_row:
+        flat_ids = topk_ids.reshape(-1).long()
+        sorted_rows, tile_expert = flat_ids, flat_ids
+    else:
+        sorted_rows, tile_expert = _align(topk_ids.long(), num_experts, block_m)
     weights = topk_weights.reshape(-1).contiguous()
     h = torch.empty(num_assign, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_assign, hidden, dtype=torch.float32, device=x.device)
@@ -203,7 +224,7 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
             a, w, out, sorted_rows, tile_expert, weights, num_assign, num_experts, n_out, k_in,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
             A_ROW_DIV=div, GATED=first and gated, RELU2=first and not gated, SCALE_ROWS=not first,
-            BLOCK_M=block_m, BLOCK_N=block_n,
+            ONE_ROW_TILES=one_row, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_K=block_k, DOT_PREC=prec, num_warps=4)
     out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
     block_h = min(1024, next_pow2(hidden))

@@ -68,6 +68,28 @@ def test_fused_moe_more_experts_than_assignments():
     assert rel_err(got.cpu(), want) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
+    """Decode over many experts (4A <= E) skips the grouping pass, a tile per assignment: the
+    same bits as the grouped layout (a row's values do not depend on its tile's other rows),
+    and the reference's values."""
+    from hybrid_serve.kernels.moe import triton_moe
+
+    E, K, H, I, T = 64, 4, 24, 40, 3
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
+    gate_up, down = _experts(E, H, I, dtype, seed=4)
+    weights, ids = moe_topk_softmax_ref(torch.randn(T, E, generator=g), K, True)
+    weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
+    assert triton_moe.one_row_tiles(T * K, E)
+    one_row = fused_moe(x, gate_up, down, weights, ids, out_dtype=torch.float32)
+    monkeypatch.setattr(triton_moe, "one_row_tiles", lambda *_: False)
+    grouped = fused_moe(x, gate_up, down, weights, ids, out_dtype=torch.float32)
+    assert torch.equal(one_row, grouped)
+    want = fused_moe_ref(x.cpu().float(), gate_up.cpu().float(), down.cpu().float(), weights.cpu().float(), ids.cpu())
+    assert rel_err(one_row.cpu(), want) < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
 def test_fused_moe_many_tokens_one_expert():
     """All assignments on one expert: several tiles of one expert, the others idle."""
     E, K, H, I, T = 4, 1, 16, 16, 37
