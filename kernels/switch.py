@@ -9,6 +9,9 @@ call (so one test process can flip it).
     HYBRID_SERVE_SKINNY_ROWS=N             inputs of up to N rows (default 1: batch-1 decode)
                                            stream their linear's weight through kernels/linear;
                                            0 sends every linear to cuBLAS (A/B runs)
+    HYBRID_SERVE_MOE_ONE_ROW_TILES=0|1      1 (default): fused_moe skips its grouping pass when
+                                           few assignments meet many experts; 0 always groups
+                                           (A/B runs; the same bits either way)
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ._common import HAS_TRITON
 
 KERNELS_ENV = "HYBRID_SERVE_KERNELS"
 SKINNY_ROWS_ENV = "HYBRID_SERVE_SKINNY_ROWS"
+MOE_ONE_ROW_ENV = "HYBRID_SERVE_MOE_ONE_ROW_TILES"
 # Rows of x sent to kernels/linear by default: batch-1 decode. On an H100 (benchmarks/
 # linear_sweep.py, weights cold) it streams the 2.3B model's decode weights in 1572 us against
 # cuBLAS's 1754 us at one row, but loses from two rows on (1788 vs 1749 us), where cuBLAS's
@@ -53,3 +57,11 @@ def skinny_rows_limit() -> int:
     from .linear import SKINNY_MAX_ROWS  # imports triton: only when the variable is set
 
     return max(0, min(rows, SKINNY_MAX_ROWS))
+
+
+def moe_one_row_tiles_allowed() -> bool:
+    """HYBRID_SERVE_MOE_ONE_ROW_TILES: 1 (default) or 0."""
+    value = os.environ.get(MOE_ONE_ROW_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{MOE_ONE_ROW_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+from ..switch import moe_one_row_tiles_allowed
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
 
 
@@ -167,7 +168,7 @@ def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torc
 def one_row_tiles(num_assign: int, num_experts: int) -> bool:
     """A tile per assignment (no grouping) when 4A <= E: an expert is then read twice for
     about A / 2E of the assignments (two tokens picking it), under 1/8."""
-    return 4 * num_assign <= num_experts
+    return 4 * num_assign <= num_experts and moe_one_row_tiles_allowed()
 
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,

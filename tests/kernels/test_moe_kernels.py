@@ -75,6 +75,7 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
     and the reference's values."""
     from hybrid_serve.kernels.moe import triton_moe
 
+    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
     E, K, H, I, T = 64, 4, 24, 40, 3
     g = torch.Generator().manual_seed(11)
     x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
