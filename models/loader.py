@@ -146,8 +146,9 @@ def check_tp_size(model_dir: str, tp_size: int, trust_remote_code: bool = False)
     hf_config = load_hf_config(model_dir, trust_remote_code)
     for attr in _TP_SPLIT_FIELDS:
         value = getattr(hf_config, attr, None)
-        if attr == "num_key_value_heads" and isinstance(value, int) and value and tp_size % value == 0:
-            continue  # more ranks than KV heads: each rank keeps a replica of one head
+        if attr in ("num_key_value_heads", "linear_num_key_heads") and isinstance(value, int) and value \
+                and tp_size % value == 0:
+            continue  # more ranks than KV / GDN key heads: each rank keeps a replica of one head
         if isinstance(value, int) and value % tp_size:
             raise ValueError(f"tp_size={tp_size} does not divide the model's {attr}={value}")
     cls = model_class(resolve_architecture(hf_config))

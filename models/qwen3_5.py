@@ -68,7 +68,7 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
         key_dim = hf_config.linear_num_key_heads * hf_config.linear_key_head_dim
         value_dim = hf_config.linear_num_value_heads * hf_config.linear_value_head_dim
         hv = hf_config.linear_num_value_heads
-        self.in_proj_qkv = ColumnParallelLinear(h, [key_dim, key_dim, value_dim])
+        self.in_proj_qkv = ColumnParallelLinear(h, [key_dim, key_dim, value_dim], heads=self.qkv_heads)
         self.in_proj_z = ColumnParallelLinear(h, value_dim)
         self.in_proj_b = ColumnParallelLinear(h, hv)
         self.in_proj_a = ColumnParallelLinear(h, hv)

@@ -49,6 +49,8 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNetBase):
         super().__init__(hf_config, state_layer_id)
         h = hf_config.hidden_size
         total_k_heads = hf_config.linear_num_key_heads
+        # the projections interleave each key head's q, k, v, z: a rank holds whole key-head groups
+        divide(total_k_heads, tp_size(), "linear_num_key_heads (Qwen3-Next's projections are grouped by key head)")
         self.v_per_k = divide(hf_config.linear_num_value_heads, total_k_heads, "linear_num_value_heads per key head")
         group_qkvz = 2 * self.head_k_dim + 2 * self.v_per_k * self.head_v_dim
         group_ba = 2 * self.v_per_k

@@ -13,20 +13,21 @@ import torch.nn as nn
 
 from ...mem_cache import StateSpec
 from . import ops
-from .linear import attach_segmented_loader
+from .linear import attach_segmented_loader, heads_per_rank, segments_per_rank
 from .norm import GatedRMSNorm
 from ...distributed import divide, tp_size
 from ..forward_batch import ForwardBatch
 
 
 class DepthwiseConvWeight(nn.Module):
-    """Holds `weight [channels/tp, 1, K]` (transformers' nn.Conv1d layout), segment-sharded."""
+    """Holds `weight [channels/tp, 1, K]` (transformers' nn.Conv1d layout), segment-sharded
+    (`heads`: as ColumnParallelLinear's, for segments a rank may hold one head of)."""
 
-    def __init__(self, channel_segments: list[int], kernel_size: int) -> None:
+    def __init__(self, channel_segments: list[int], kernel_size: int, heads: list[int | None] | None = None) -> None:
         super().__init__()
-        per_rank = sum(divide(c, tp_size(), "conv channels") for c in channel_segments)
+        per_rank = segments_per_rank(channel_segments, heads)
         self.weight = nn.Parameter(torch.empty(per_rank, 1, kernel_size))
-        attach_segmented_loader(self.weight, channel_segments, dim=0)
+        attach_segmented_loader(self.weight, channel_segments, dim=0, heads=heads)
 
 
 class GatedDeltaNetBase(nn.Module):
@@ -34,7 +35,8 @@ class GatedDeltaNetBase(nn.Module):
         super().__init__()
         tp = tp_size()
         self.state_layer_id = state_layer_id  # state-local id: indexes the state pool
-        self.num_k_heads = divide(hf_config.linear_num_key_heads, tp, "linear_num_key_heads")
+        # more ranks than key heads: each rank keeps the one key head its value heads read
+        self.num_k_heads = heads_per_rank(hf_config.linear_num_key_heads, "linear_num_key_heads")
         self.num_v_heads = divide(hf_config.linear_num_value_heads, tp, "linear_num_value_heads")
         self.head_k_dim = hf_config.linear_key_head_dim
         self.head_v_dim = hf_config.linear_value_head_dim
@@ -43,7 +45,10 @@ class GatedDeltaNetBase(nn.Module):
         self.conv_kernel_size = hf_config.linear_conv_kernel_dim
         full_key_dim = hf_config.linear_num_key_heads * self.head_k_dim
         full_value_dim = hf_config.linear_num_value_heads * self.head_v_dim
-        self.conv1d = DepthwiseConvWeight([full_key_dim, full_key_dim, full_value_dim], self.conv_kernel_size)
+        hk, hv = hf_config.linear_num_key_heads, hf_config.linear_num_value_heads
+        self.qkv_heads = [hk, hk, hv]  # q | k | v segments of the conv and the qkv projection
+        self.conv1d = DepthwiseConvWeight([full_key_dim, full_key_dim, full_value_dim], self.conv_kernel_size,
+                                          heads=self.qkv_heads)
         self.A_log = nn.Parameter(torch.empty(self.num_v_heads))
         attach_segmented_loader(self.A_log, [hf_config.linear_num_value_heads], dim=0)
         self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads))
@@ -53,11 +58,10 @@ class GatedDeltaNetBase(nn.Module):
     @staticmethod
     def state_spec(hf_config, dtype: torch.dtype, ssm_dtype: torch.dtype = torch.float32) -> StateSpec:
         tp = tp_size()
-        key_dim = hf_config.linear_num_key_heads * hf_config.linear_key_head_dim
-        value_dim = hf_config.linear_num_value_heads * hf_config.linear_value_head_dim
+        hk = heads_per_rank(hf_config.linear_num_key_heads, "linear_num_key_heads")
         hv = divide(hf_config.linear_num_value_heads, tp, "linear_num_value_heads")
         return StateSpec(
-            conv_dim=(2 * key_dim + value_dim) // tp,
+            conv_dim=2 * hk * hf_config.linear_key_head_dim + hv * hf_config.linear_value_head_dim,
             conv_width=hf_config.linear_conv_kernel_dim - 1,
             ssm_shape=(hv, hf_config.linear_key_head_dim, hf_config.linear_value_head_dim),
             conv_dtype=dtype,

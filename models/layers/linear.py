@@ -19,44 +19,82 @@ def copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str = "") -> N
     param.data.copy_(loaded.to(param.dtype))
 
 
-def segmented_shard(full: torch.Tensor, sizes: list[int], dim: int, rank: int, size: int) -> torch.Tensor:
-    """This rank's slice of each segment along `dim`, concatenated."""
+def heads_per_rank(total_heads: int, name: str) -> int:
+    """Heads of one kind on this rank: split when tp divides them; with more ranks than heads
+    each rank keeps one head, replicated tp/total_heads times (as GQA's KV heads)."""
+    tp = tp_size()
+    if total_heads >= tp:
+        return divide(total_heads, tp, name)
+    if tp % total_heads:
+        raise ValueError(f"tp_size={tp} must divide or be a multiple of {name}={total_heads}")
+    return 1
+
+
+def segment_slice(seg: int, heads: int | None, rank: int, size: int) -> tuple[int, int]:
+    """(start, length) of rank `rank`'s part of a segment of `seg` rows made of `heads` heads
+    (None: any split). With more ranks than heads, rank r gets head r // (size / heads)::
+
+        heads=2, size=4:   ranks 0 1 | 2 3
+                           head  0 0 | 1 1
+    """
+    if heads is None or heads >= size:
+        per_rank = divide(seg, size, "segment size")
+        return rank * per_rank, per_rank
+    if size % heads:
+        raise ValueError(f"tp_size={size} must divide or be a multiple of {heads} heads")
+    head_rows = divide(seg, heads, "segment rows per head")
+    return rank // (size // heads) * head_rows, head_rows
+
+
+def segmented_shard(full: torch.Tensor, sizes: list[int], dim: int, rank: int, size: int,
+                    heads: list[int | None] | None = None) -> torch.Tensor:
+    """This rank's slice of each segment along `dim`, concatenated. `heads[i]`: the number of
+    heads segment i is made of, when a rank may hold a replica of one (`segment_slice`)."""
     if sum(sizes) != full.shape[dim]:
         raise ValueError(f"segments {sizes} do not add up to dim {dim} of shape {tuple(full.shape)}")
     parts, start = [], 0
-    for seg in sizes:
-        per_rank = divide(seg, size, "segment size")
-        parts.append(full.narrow(dim, start + rank * per_rank, per_rank))
+    for seg, num_heads in zip(sizes, heads or [None] * len(sizes)):
+        offset, length = segment_slice(seg, num_heads, rank, size)
+        parts.append(full.narrow(dim, start + offset, length))
         start += seg
     return torch.cat(parts, dim=dim)
 
 
-def attach_segmented_loader(param: nn.Parameter, sizes: list[int], dim: int) -> None:
+def segments_per_rank(sizes: list[int], heads: list[int | None] | None = None) -> int:
+    """Rows this rank holds of the segments (`segmented_shard`'s output length)."""
+    return sum(segment_slice(seg, h, 0, tp_size())[1] for seg, h in zip(sizes, heads or [None] * len(sizes)))
+
+
+def attach_segmented_loader(param: nn.Parameter, sizes: list[int], dim: int,
+                            heads: list[int | None] | None = None) -> None:
     def loader(p: torch.Tensor, full: torch.Tensor, name: str = "") -> None:
         if full.shape[dim] != sum(sizes):
             raise ValueError(
                 f"shape mismatch for {name}: model expects {sum(sizes)} along dim {dim} before sharding, "
                 f"checkpoint {tuple(full.shape)}"
             )
-        copy_checked(p, segmented_shard(full, sizes, dim, tp_rank(), tp_size()), name)
+        copy_checked(p, segmented_shard(full, sizes, dim, tp_rank(), tp_size(), heads), name)
 
     param.weight_loader = loader
 
 
 class ColumnParallelLinear(nn.Module):
-    """y = x W^T (+b), output features split across ranks. Weight: [sum(out)/tp, in]."""
+    """y = x W^T (+b), output features split across ranks. Weight: [sum(out)/tp, in].
+    `heads`: per segment, the heads it is made of, where a rank may hold a replica of one
+    (more ranks than heads, e.g. GDN's 2 key heads at tp=4: `segment_slice`)."""
 
-    def __init__(self, input_size: int, output_sizes: int | list[int], bias: bool = False) -> None:
+    def __init__(self, input_size: int, output_sizes: int | list[int], bias: bool = False,
+                 heads: list[int | None] | None = None) -> None:
         super().__init__()
         sizes = [output_sizes] if isinstance(output_sizes, int) else list(output_sizes)
         self.output_sizes = sizes
-        self.output_size_per_rank = sum(divide(s, tp_size(), "output size") for s in sizes)
+        self.output_size_per_rank = segments_per_rank(sizes, heads)
         self.weight = nn.Parameter(torch.empty(self.output_size_per_rank, input_size))
-        attach_segmented_loader(self.weight, sizes, dim=0)
+        attach_segmented_loader(self.weight, sizes, dim=0, heads=heads)
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.output_size_per_rank))
-            attach_segmented_loader(self.bias, sizes, dim=0)
+            attach_segmented_loader(self.bias, sizes, dim=0, heads=heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight, self.bias)
@@ -102,12 +140,7 @@ class ReplicatedLinear(nn.Module):
 def kv_heads_per_rank(total_kv_heads: int) -> int:
     """KV heads on this rank: split when tp divides them; with more ranks than KV heads each
     rank keeps one head, replicated tp/num_kv_heads times (GQA with tp > num_kv_heads)."""
-    tp = tp_size()
-    if total_kv_heads >= tp:
-        return divide(total_kv_heads, tp, "num_key_value_heads")
-    if tp % total_kv_heads:
-        raise ValueError(f"tp_size={tp} must divide or be a multiple of num_key_value_heads={total_kv_heads}")
-    return 1
+    return heads_per_rank(total_kv_heads, "num_key_value_heads")
 
 
 class KVParallelLinear(nn.Module):

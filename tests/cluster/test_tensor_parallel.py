@@ -142,6 +142,27 @@ def test_tp4_with_two_kv_heads_replicates_them(reference_models, two_node_cluste
 
 
 @pytest.mark.slow
+def test_tp4_with_two_gdn_key_heads_replicates_them(two_node_cluster):
+    """The trained demo: 2 Gated DeltaNet key heads, 4 value heads, 4 attention heads, 2 KV
+    heads. At tp=4 each rank keeps its one value head and a replica of the key head that head
+    reads (ranks 0-1: key head 0, ranks 2-3: key head 1): the same greedy tokens as tp=1."""
+    from hybrid_serve.demo import DEMO_DIR
+    from hybrid_serve.demo.corpus import heldout_prompts
+    from hybrid_serve.engine.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(DEMO_DIR)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in heldout_prompts(4)]
+    want = [o.outputs[0].token_ids for o in LLM(dtype="float32").generate(prompts, GREEDY)]
+    llm = LLM(dtype="float32", tp_size=4)
+    try:
+        got = llm.generate(prompts, GREEDY)
+    finally:
+        llm.shutdown()
+    assert [o.error for o in got] == [None] * len(prompts)
+    assert [o.outputs[0].token_ids for o in got] == want
+
+
+@pytest.mark.slow
 def test_tp2_overlapped_scheduling_matches_synchronous(reference_models, two_node_cluster):
     """Overlapped scheduling at tp=2 (rank 0 broadcasts its sampled tokens to rank 1 on the
     stream): the same outputs as synchronous steps, with content stops, seeded sampling,

@@ -188,3 +188,25 @@ def test_request_outputs_carry_the_engine_timestamps(model_dir):
     for o in outs:
         m = o.metrics
         assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
+def test_tp_beyond_gdn_key_heads(tmp_path):
+    """More ranks than Gated DeltaNet key heads: Qwen3.5's separate projections replicate a key
+    head per rank (checked against tp=1 in tests/cluster); Qwen3-Next's projections interleave
+    each key head's q, k, v, z, so there tp must divide the key heads, said before any actor starts."""
+    from transformers import Qwen3NextConfig
+
+    from hybrid_serve.demo import DEMO_DIR
+    from hybrid_serve.models.loader import check_tp_size
+
+    check_tp_size(DEMO_DIR, 4)  # the demo: 2 key heads, 4 value heads
+    with pytest.raises(ValueError, match="num_attention_heads=4"):
+        check_tp_size(DEMO_DIR, 8)
+    Qwen3NextConfig(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_key_head_dim=16, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                    architectures=["Qwen3NextForCausalLM"]).save_pretrained(tmp_path)
+    check_tp_size(str(tmp_path), 2)
+    with pytest.raises(ValueError, match="grouped by key head"):
+        check_tp_size(str(tmp_path), 4)
