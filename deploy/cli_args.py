@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 
 from ..engine.config import DEVICE_DEFAULTS, EngineConfig
+from ..engine.spec.config import METHODS as SPEC_METHODS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
@@ -70,8 +71,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly (default: graphs for decode steps on CUDA)")
     p.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
-                   help='speculative decoding, as vLLM: e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-                        "(methods: ngram, remote; keys: engine/spec/config.py; default: off)")
+                   help='speculative decoding, as vLLM: e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\' or '
+                        '\'{"method": "draft_model", "model": "DIR"}\' (methods: ' + ", ".join(SPEC_METHODS)
+                        + "; keys: engine/spec/config.py; default: off)")
 
 
 def _json_object(text: str) -> dict:

@@ -108,7 +108,7 @@ class LLMEngine:
             rows = self.pool_setup.scratch_rows if layout.num_state_layers else \
                 config.speculative_config.verify_rows(config.max_num_seqs)
             self.spec = SpecDecoder(config.speculative_config, int(self.hf_config.vocab_size), rows,
-                                    self.device.type)
+                                    self.device.type, target_config=config, max_model_len=self.limits.max_model_len)
 
     @property
     def max_model_len(self) -> int:

@@ -11,14 +11,16 @@ from a local copy: engine/spec/suffix.py; a replica of the Serve app attaches th
 "remote" (proposals supplied
 from outside the engine, e.g. the router's suffix drafter, through `RemoteDrafter.supply`),
 "synthetic" (benchmarks and tests: proposes a known continuation, each token right with
-probability `acceptance_rate`). "draft_model" is not implemented yet and is refused.
+probability `acceptance_rate`), "draft_model" (a small model of any supported family with the
+target's tokenizer, its own engine and pools: `{"method": "draft_model", "model": DIR}`, as
+vLLM's key; engine/spec/draft_model.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-METHODS = ("ngram", "mtp", "suffix", "remote", "synthetic")
-PLANNED_METHODS = ("draft_model", "eagle", "medusa")
+METHODS = ("ngram", "mtp", "suffix", "remote", "synthetic", "draft_model")
+PLANNED_METHODS = ("eagle", "medusa")
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class SpeculativeConfig:
     continuations: dict = field(default_factory=dict, compare=False)  # synthetic: prompt ids tuple -> true tokens
     seed: int = 0  # synthetic: its random choices
     vary_length: bool = False  # synthetic: each proposal a random length 0..K (tests: every draft shape)
+    model: str | None = None  # draft_model: the draft model (a directory or a Hub id)
 
     def __post_init__(self) -> None:
         if self.method in PLANNED_METHODS:
@@ -53,6 +56,9 @@ class SpeculativeConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"speculative_config {name} must be an integer >= 1, got {value!r}")
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative_config 'model' (the draft model's directory) goes with method "
+                             f"'draft_model' and only with it; got method {self.method!r}, model {self.model!r}")
         if not 0.0 <= self.acceptance_rate <= 1.0:
             raise ValueError(f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
 

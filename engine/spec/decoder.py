@@ -44,7 +44,16 @@ class SpecStats:
         return 1.0 + self.num_accepted_tokens / self.num_verify_rows if self.num_verify_rows else 0.0
 
 
-def make_drafter(config: SpeculativeConfig, vocab_size: int) -> Drafter:
+def make_drafter(config: SpeculativeConfig, vocab_size: int, target_config=None, max_model_len: int = 0,
+                 max_requests: int = 0) -> Drafter:
+    """The drafter of `config.method`; a draft model also needs the target's EngineConfig,
+    context length and verify rows per step (its engine is sized from them)."""
+    if config.method == "draft_model":
+        from .draft_model import DraftModelDrafter
+
+        if target_config is None:
+            raise ValueError("a draft model drafter needs the target engine's config")
+        return DraftModelDrafter(config.model, target_config, max_model_len, max(1, max_requests), vocab_size)
     if config.method == "ngram":
         return NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max)
     if config.method == "remote":
@@ -61,9 +70,10 @@ def make_drafter(config: SpeculativeConfig, vocab_size: int) -> Drafter:
 
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, vocab_size: int, max_verify_rows: int, device_type: str,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None, target_config=None, max_model_len: int = 0) -> None:
         self.config = config
-        self.drafter = drafter if drafter is not None else make_drafter(config, vocab_size)
+        self.drafter = drafter if drafter is not None else make_drafter(config, vocab_size, target_config,
+                                                                        max_model_len, max_verify_rows)
         self.max_verify_rows = max_verify_rows
         cost = 1 / 128 if device_type == "cuda" else 1 / 32  # see depth.py; CPU steps grow with tokens sooner
         self.depth = AdaptiveDepth(config.num_speculative_tokens, config.adaptive, cost_per_token=cost,

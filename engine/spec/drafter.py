@@ -3,9 +3,9 @@
 Drafters: n-gram prompt lookup on the request's own tokens (ngram.py), remote drafts handed
 in from outside the engine and read from a local copy, never a Ray call per decode step
 (remote.py), the checkpoint's MTP layers, whose drafts the engine's pass after each step
-supplies (mtp.py: draft step k consumes the hidden state of draft step k-1), and a synthetic
-drafter for benchmarks and tests (synthetic.py). To come: a small draft model with its own
-pools.
+supplies (mtp.py: draft step k consumes the hidden state of draft step k-1), a small draft
+model with its own engine and pools (draft_model.py), and a synthetic drafter for benchmarks
+and tests (synthetic.py).
 
 Drafts are deterministic guesses (no draft probabilities), so the acceptance rule that keeps
 the target distribution is: sample the target at every verified position and keep drafts

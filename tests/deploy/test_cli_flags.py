@@ -110,7 +110,7 @@ def test_bad_speculative_config_is_a_usage_error(value, message, capsys):
 
 
 def test_unknown_speculative_method_names_the_choices():
-    with pytest.raises(ValueError, match="speculative method must be one of ngram, mtp, suffix, remote, synthetic, got 'magic'"):
+    with pytest.raises(ValueError, match="speculative method must be one of ngram, mtp, suffix, remote, synthetic, draft_model, got 'magic'"):
         _serve("--speculative-config", '{"method": "magic"}')
 
 

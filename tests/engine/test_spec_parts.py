@@ -16,8 +16,12 @@ def test_config_keys_and_errors():
     assert cfg.speculative_config == SpeculativeConfig("ngram", 3)
     with pytest.raises(ValueError, match="unknown speculative_config keys \\['draft_k'\\]"):
         EngineConfig(model="m", speculative_config={"method": "ngram", "draft_k": 3})
-    with pytest.raises(ValueError, match="'draft_model' is not implemented yet"):
-        SpeculativeConfig("draft_model")
+    with pytest.raises(ValueError, match="'eagle' is not implemented yet"):
+        SpeculativeConfig("eagle")
+    with pytest.raises(ValueError, match="'model' .* goes with method 'draft_model'"):
+        SpeculativeConfig("draft_model")  # no draft model named
+    with pytest.raises(ValueError, match="'model' .* goes with method 'draft_model'"):
+        SpeculativeConfig("ngram", model="some/dir")
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1, got 0"):
         SpeculativeConfig("ngram", 0)
     with pytest.raises(ValueError, match="needs a 'method'"):

@@ -127,6 +127,30 @@ def test_ngram_and_remote_drafters_keep_greedy_output(baseline):
     engine.cache.check_empty()
 
 
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2", "nemotron_h"])
+def test_draft_model_drafter_keeps_greedy_output(family, baseline, reference_models):
+    """A draft model with its own engine and pools. The target itself as its draft: almost
+    every draft kept (the draft's prefix cache catches it up each step; it never holds a
+    rejected token), so its state after each step is right; another family's model of the
+    same vocabulary: few kept. Greedy output unchanged either way; both engines' pools empty."""
+    model_dir, prompts, want = baseline(family)
+
+    def run(draft_dir):
+        spec = dict(method="draft_model", model=draft_dir, num_speculative_tokens=3, adaptive=False)
+        llm = LLM(model=model_dir, **_engine_args(speculative_config=spec))
+        assert _tokens(llm.generate(prompts, GREEDY)) == want
+        llm.engine.cache.check_empty()
+        llm.engine.spec.drafter.check_empty()
+        stats = llm.engine.stats()
+        return stats["spec_accepted_tokens"], stats["spec_draft_tokens"]
+
+    accepted, drafted = run(model_dir)
+    assert drafted > 3 * len(prompts) and accepted >= 0.9 * drafted
+    other = "qwen3_next" if family != "qwen3_next" else "qwen3_5"
+    accepted, drafted = run(reference_models(other)[0])
+    assert drafted > 0 and accepted < 0.5 * drafted
+
+
 def test_state_slots_outside_verified_rows_unchanged(tmp_path):
     """Before each step every free state slot (slot 0 too) is filled with a sentinel pattern
     and every checkpoint in the prefix tree is recorded; after the step and its commit (the
