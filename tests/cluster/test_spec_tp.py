@@ -60,3 +60,24 @@ def test_tp2_with_mtp_equals_tp1(cluster):
     base = one.engine.stats()
     assert base["spec_accepted_tokens"] >= 10
     assert abs(stats["spec_accepted_tokens"] - base["spec_accepted_tokens"]) <= 0.1 * base["spec_accepted_tokens"] + 2
+
+
+@pytest.mark.slow
+def test_tp2_with_a_draft_model_equals_tp1(reference_models, cluster):
+    """A draft model under tensor parallelism: it runs on rank 0 alone (tp=1, outside the
+    replica's group: a collective there would wait for rank 1 forever); the target at tp=2
+    with the target itself as draft gives tp=1's tokens and keeps its drafts."""
+    model_dir, _ = reference_models("qwen3_5")
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (3, 30, 70)]
+    args = dict(dtype="float32", chunked_prefill_size=16, state_checkpoint_interval=16)
+    want = [o.outputs[0].token_ids for o in LLM(model=model_dir, **args).generate(prompts, GREEDY)]
+    spec = dict(method="draft_model", model=model_dir, num_speculative_tokens=3, adaptive=False)
+    llm = LLM(model=model_dir, tp_size=2, speculative_config=spec, **args)
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+        stats = ray.get(llm.replicas.replicas[0].stats.remote())
+    finally:
+        llm.shutdown()
+    assert got == want
+    assert stats["spec_accepted_tokens"] >= 0.9 * stats["spec_draft_tokens"] > 0
