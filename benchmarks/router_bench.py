@@ -73,9 +73,11 @@ def decision_time(seed: int, rate: float = 500.0, seconds: float = 4.0) -> dict:
         if wait > 0:  # paced arrivals (sleeping: a spinning client would take the core from the router)
             time.sleep(wait)
         t0, c0 = time.perf_counter(), time.thread_time()
-        request = RoutingRequest(prompts[i % len(prompts)])
-        placement = router.place(request, [router._stats(r) for r in replicas])
-        router.index.record_sent(placement.replica_id, request.prompt_token_ids)
+        ids = prompts[i % len(prompts)]
+        placement = router.place(RoutingRequest(ids), [router._stats(r) for r in replicas])
+        router.predicted[id(ids)] = (placement.replica_id, placement.predicted_hit_tokens)  # (as choose_replicas)
+        pending = SimpleNamespace(args=[SimpleNamespace(prompt_token_ids=ids, session_id=None)])
+        router.on_request_routed(pending, SimpleNamespace(unique_id=placement.replica_id), None)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.thread_time() - c0)
     return {"decisions": len(times), "rate_per_s": rate, "achieved_rate_per_s": round(len(times) / (time.perf_counter() - start), 1),
@@ -182,6 +184,8 @@ def main() -> int:
     ap.add_argument("--routers", nargs="+", default=["prefix", "round_robin", "serve_default", "ray_prefix_affinity",
                                                       "single_replica"])
     ap.add_argument("--out-name", default="router_multi_turn.json", help="serve: the results file's name")
+    ap.add_argument("--trace", action="store_true",
+                    help="serve: our router writes its decisions down; rows get where the hit tokens went")
     ap.add_argument("--kill-router-after-s", type=float, default=None,
                     help="serve: kill the Router actor (it restarts) this far into the prefix router's run")
     args = ap.parse_args()

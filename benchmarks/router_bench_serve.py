@@ -3,22 +3,37 @@ in turn, on a local Ray (the built-in demo model on CPU, one torch thread per re
 
 Routers: "prefix" (ours, AppConfig router: prefix), "serve_default" (Serve's power of two
 choices), "round_robin" (below), "ray_prefix_affinity" (Ray's PrefixCacheAffinityRouter on
-the token ids, where `ray.serve.llm` imports), "single_replica" (one replica with the cache of
-all of them, Serve's default router: the hit-token reference).
+the token ids, with its defaults), "single_replica" (one replica with the cache of all of
+them, Serve's default router: the hit-token reference).
+
+Ray's router: `ray.serve.llm.request_router.PrefixCacheAffinityRouter` is an empty subclass
+(`pass`) of `ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.
+PrefixCacheAffinityRouter`; the public module imports only with pyarrow and vLLM or SGLang
+installed (`ray.serve.llm`'s protocol models), the internal one with neither, so the bench
+takes the public class where it imports and the internal (same code) otherwise.
+
+`--trace`: our router writes each decision (per replica: predicted reusable tokens, load;
+the chosen replica, the reason) to a JSON-lines file, and the run's row gets `affinity`: for
+each later turn, whether it went where the conversation's previous turn went, why not, and
+the hit tokens lost against each turn's best case (`_affinity`).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import json
+import logging
+import os
 import random
 import socket
 import statistics
 import time
+from collections import Counter
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from .router_bench import _percentile, multi_turn
+from .router_bench_trace import affinity, hit_accounting
 
 
 class RoundRobinRouter(RequestRouter):
@@ -36,23 +51,34 @@ class RoundRobinRouter(RequestRouter):
         return [[ordered[i]], ordered[:i] + ordered[i + 1:]]
 
 
-def _ray_prefix_affinity_class():
-    """Ray's PrefixCacheAffinityRouter reading our token ids as text (None if it does not import)."""
+def _import_ray_prefix_affinity():
     try:
         from ray.serve.llm.request_router import PrefixCacheAffinityRouter
-    except Exception:  # noqa: BLE001 - e.g. ray.serve.llm needs pyarrow
-        return None
+    except Exception:  # noqa: BLE001 - ray.serve.llm needs pyarrow and vLLM or SGLang: the same class
+        try:
+            from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import (
+                PrefixCacheAffinityRouter,
+            )
+        except Exception:  # noqa: BLE001 - an older Ray without it
+            return None
+    return PrefixCacheAffinityRouter
 
-    class RayPrefixAffinityOnIds(PrefixCacheAffinityRouter):
+
+_RayPrefixCacheAffinityRouter = _import_ray_prefix_affinity()
+if _RayPrefixCacheAffinityRouter is not None:  # (module level: Serve imports the class by name)
+    class RayPrefixAffinityOnIds(_RayPrefixCacheAffinityRouter):
+        """Ray's PrefixCacheAffinityRouter (its defaults) reading our token ids as text."""
+
         def _extract_text_from_request(self, pending_request):
             return "".join(chr(0x100 + t) for t in pending_request.args[0].prompt_token_ids)
+else:
+    RayPrefixAffinityOnIds = None
 
-    return RayPrefixAffinityOnIds
 
-
-def _app(router: str, replicas: int, cache_bytes: int):
+def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = None):
     """The app for `router`; "NAME@K": the same with K ingress replicas (each with its own
-    request router); "prefix_unshared": ours with a per-router index instead of the Router actor's."""
+    request router); "prefix_unshared": ours with a per-router index instead of the Router actor's;
+    `trace_path`: ours (1 ingress replica, shared index) writes its decisions there."""
     from ray.serve.config import RequestRouterConfig
 
     from ..deploy.app import build_app
@@ -68,25 +94,29 @@ def _app(router: str, replicas: int, cache_bytes: int):
                             "max_num_seqs": 8}}
     app = build_app(args)
     if router in ("round_robin", "ray_prefix_affinity"):
-        custom = RoundRobinRouter if router == "round_robin" else _ray_prefix_affinity_class()
+        custom = RoundRobinRouter if router == "round_robin" else RayPrefixAffinityOnIds
         if custom is None:
             return None
         server = app._bound_deployment.init_args[1]
         server._bound_deployment = server._bound_deployment.options(
             request_router_config=RequestRouterConfig(request_router_class=custom))
-    if unshared:
+    traced = trace_path and router == "prefix" and not unshared and not ingress_replicas
+    if unshared or traced:
+        from .router_bench_trace import TracedHybridRequestRouter
+
         server = app._bound_deployment.init_args[1]
         config = server._bound_deployment._deployment_config.request_router_config
+        extra = {"shared_index": False} if unshared else {"trace_path": trace_path}
         server._bound_deployment = server._bound_deployment.options(request_router_config=RequestRouterConfig(
-            request_router_class=config.request_router_class,
+            request_router_class=TracedHybridRequestRouter if traced else config.request_router_class,
             request_routing_stats_period_s=config.request_routing_stats_period_s,
-            request_router_kwargs={**config.request_router_kwargs, "shared_index": False}))
+            request_router_kwargs={**config.request_router_kwargs, **extra}))
     if ingress_replicas:
         app._bound_deployment = app._bound_deployment.options(num_replicas=int(ingress_replicas))
     return app
 
 
-async def _user(client, url: str, prompts: list[list[int]], rng: random.Random, out: list) -> None:
+async def _user(client, url: str, user: int, prompts: list[list[int]], rng: random.Random, out: list) -> None:
     await asyncio.sleep(rng.uniform(0, 2.0))  # arrivals spread over 2 s
     for turn, prompt in enumerate(prompts):
         body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True,
@@ -94,7 +124,7 @@ async def _user(client, url: str, prompts: list[list[int]], rng: random.Random, 
         start, ttft, usage = time.perf_counter(), None, None
         async with client.stream("POST", url, json=body, timeout=300) as resp:
             if resp.status_code != 200:
-                out.append({"turn": turn, "start_s": start, "status": resp.status_code, "ttft_s": None,
+                out.append({"user": user, "turn": turn, "start_s": start, "status": resp.status_code, "ttft_s": None,
                             "prompt_tokens": len(prompt), "cached_tokens": 0, "error": (await resp.aread())[:300]})
                 continue
             async for line in resp.aiter_lines():
@@ -105,7 +135,7 @@ async def _user(client, url: str, prompts: list[list[int]], rng: random.Random, 
                 if '"usage"' in line and '"prompt_tokens"' in line:
                     usage = json.loads(line[6:]).get("usage") or usage
         cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-        out.append({"turn": turn, "start_s": start, "status": 200, "ttft_s": ttft, "prompt_tokens": len(prompt),
+        out.append({"user": user, "turn": turn, "start_s": start, "status": 200, "ttft_s": ttft, "prompt_tokens": len(prompt),
                     "cached_tokens": cached})
         await asyncio.sleep(rng.uniform(0.2, 1.0))  # think time
 
@@ -116,7 +146,8 @@ async def _drive(url: str, conversations, seed: int) -> list[dict]:
     out: list[dict] = []
     rng = random.Random(seed)
     async with httpx.AsyncClient() as client:
-        await asyncio.gather(*(_user(client, url, c, random.Random(rng.random()), out) for c in conversations))
+        await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out)
+                               for u, c in enumerate(conversations)))
     return out
 
 
@@ -158,6 +189,17 @@ def _recovery(results: list[dict], started: float, killed: dict) -> dict:
     return out
 
 
+def _decision_reasons(base: str) -> Counter:
+    """Our router's decisions by reason so far (the app's /metrics; zero for other routers)."""
+    import httpx2 as httpx
+
+    out: Counter = Counter()
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith("hybrid_serve_router_decision_reasons_total{"):
+            out[line.split('reason="', 1)[1].split('"', 1)[0]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -169,6 +211,7 @@ def run_serve(args) -> dict:
     import ray
     from ray import serve
 
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # (a line per request otherwise)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -178,9 +221,10 @@ def run_serve(args) -> dict:
         for seed in args.seeds:
             conversations = multi_turn(args.users, args.turns, seed)
             for router in args.routers:
-                app = _app(router, args.replicas, cache_bytes)
+                trace_path = f"/tmp/router_trace_{router}_seed{seed}_{os.getpid()}.jsonl" if args.trace else None
+                app = _app(router, args.replicas, cache_bytes, trace_path)
                 if app is None:
-                    skipped[router] = "ray.serve.llm does not import here (it needs pyarrow)"
+                    skipped[router] = "Ray's PrefixCacheAffinityRouter does not import here"
                     continue
                 name = f"rb-{router.replace('@', '-x')}"
                 serve.run(app, name=name, route_prefix=f"/{name}")
@@ -194,10 +238,13 @@ def run_serve(args) -> dict:
                     time.sleep(0.5)
                 warm = multi_turn(2 * args.replicas, 1, seed + 1000, system_tokens=256)  # first calls, unshared
                 asyncio.run(_drive(f"{base}/v1/completions", warm, seed))
+                reasons_before = _decision_reasons(base)
                 started = time.perf_counter()
                 killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
                 results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed))
                 wall = time.perf_counter() - started
+                time.sleep(2.0)  # the ingress's metrics push
+                reasons = {k: int(v) for k, v in (_decision_reasons(base) - reasons_before).items()}
                 serve.delete(name)
                 failures = [r for r in results if r["status"] != 200]
                 assert not failures or killer, failures[:3]
@@ -209,6 +256,11 @@ def run_serve(args) -> dict:
                        "later_turn_ttft_p50_s": round(statistics.median(
                            [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
                 row["failed_requests"] = len(failures)
+                row["hits_vs_best_case"] = hit_accounting(results, conversations)
+                if reasons:
+                    row["decision_reasons"] = reasons
+                if trace_path and os.path.exists(trace_path):
+                    row["affinity"] = affinity(trace_path, results, conversations)
                 if killer:
                     row["router_actor_killed"] = _recovery(results, started, killer)
                 rows.setdefault(router, []).append({"seed": seed, **row})

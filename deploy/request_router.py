@@ -5,7 +5,8 @@
                                         │ (Serve pushes each replica's latest dict to the routers)
     ingress handle ─▶ HybridRequestRouter.choose_replicas(request)
                         PrefixAwarePolicy.rank(ids, stats) ─▶ [[best], [the rest]]
-                      on_request_routed ─▶ index.record_sent(replica, ids)
+                      on_request_routed ─▶ index.record_sent(replica, ids), policy.record_load
+                      on_request_completed ─▶ policy.complete
 
 The index is shared by every router through the named Router actor (actors/router.py):
 fed by what each router sent and corrected by the replicas' cache events, which every
@@ -117,6 +118,7 @@ class HybridRequestRouter(RequestRouter):
         self.fallback = PowerOfTwoChoices(seed)
         self.lock = self.client.lock if self.client is not None else nullcontext()
         self.decisions: dict[str, int] = {}
+        self.predicted: dict[int, tuple[str, int]] = {}  # id(prompt ids) -> (replica, predicted hit), until routed
 
     # ----- the replicas' reports ---------------------------------------------------------------
     def _stats(self, replica: RunningReplica) -> ReplicaStats:
@@ -132,6 +134,7 @@ class HybridRequestRouter(RequestRouter):
 
     def on_replica_actor_died(self, replica_id) -> None:
         super().on_replica_actor_died(replica_id)
+        self.policy.forget(replica_id.unique_id)
         if self.client is not None:
             self.client.forget(replica_id.unique_id)
         else:
@@ -168,6 +171,9 @@ class HybridRequestRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         placement = self.place(request, [self._stats(r) for r in candidate_replicas])
         self.decisions[placement.reason] = self.decisions.get(placement.reason, 0) + 1
+        self.predicted[id(request.prompt_token_ids)] = (placement.replica_id, placement.predicted_hit_tokens)
+        if len(self.predicted) > 4096:  # (requests Serve never routed: cancelled)
+            self.predicted.pop(next(iter(self.predicted)))
         self.metrics.decision(placement.replica_id, placement.reason, placement.predicted_hit_tokens,
                               time.perf_counter() - started)
         with self.lock:  # (the sync thread may be adding a replica)
@@ -188,8 +194,16 @@ class HybridRequestRouter(RequestRouter):
         request = self._routing_request(pending_request)
         if request is None:
             return
+        replica, ids = replica_id.unique_id, request.prompt_token_ids
         if self.client is not None:
-            self.client.record_sent(replica_id.unique_id, request.prompt_token_ids)
+            self.client.record_sent(replica, ids)
         else:
-            self.index.record_sent(replica_id.unique_id, request.prompt_token_ids)
-        self.policy.record_session(replica_id.unique_id, request)
+            self.index.record_sent(replica, ids)
+        self.policy.record_session(replica, request)
+        predicted_replica, hit = self.predicted.pop(id(ids), (None, 0))
+        # its prefill is load there until the replica's report shows it or it completes (routing/policy.py)
+        key = getattr(getattr(pending_request, "metadata", None), "internal_request_id", None)
+        self.policy.record_load(replica, len(ids) - (hit if predicted_replica == replica else 0), key)
+
+    def on_request_completed(self, replica_id, internal_request_id: str) -> None:
+        self.policy.complete(replica_id.unique_id, internal_request_id)

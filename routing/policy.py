@@ -11,8 +11,10 @@ this package depends on no other part of hybrid_serve.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+from typing import Callable, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -74,52 +76,94 @@ class PowerOfTwoChoices:
         return Placement(best.replica_id, "pow2")
 
 
+class _Unreported:
+    """What a policy placed on one replica since that replica's last load report: requests and
+    the prefill tokens they bring (prompt minus predicted hit), by key, oldest first."""
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[object, tuple[float, int]] = OrderedDict()  # key -> (when placed, tokens)
+        self.requests = 0
+        self.tokens = 0
+
+    def add(self, key: object, now: float, tokens: int) -> None:
+        self.remove(key)
+        self.entries[key] = (now, tokens)
+        self.requests += 1
+        self.tokens += tokens
+
+    def remove(self, key: object) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.requests -= 1
+            self.tokens -= entry[1]
+
+    def expire(self, before: float) -> None:
+        while self.entries:
+            key, (when, _) = next(iter(self.entries.items()))
+            if when >= before:
+                return
+            self.remove(key)
+
+
 class PrefixAwarePolicy:
     """Placement by predicted saved prefill against load, for hybrid models.
 
-    For each replica: saved = the reusable prefix the index predicts there (ending at a state
-    checkpoint on a hybrid model), cost = its waiting tokens + `running_cost_tokens` per
-    running request; a replica with no free state slot (a hybrid replica's concurrency is
-    capped by them, not by KV) pays `no_slot_cost_tokens` more. The best `saved - cost` wins,
-    unless it is out of balance (`imbalance_ratio` x the least queue, and `imbalance_min`
-    more), or nothing matches: then the less loaded of two random replicas. A request with
-    a session id goes where the session went last while that replica is in balance. Every
-    placement is recorded in the index (`record_sent`), so the next request of the same
-    conversation finds it.
+    Every replica is scored, those where nothing matches too (saved 0): saved = the reusable
+    prefix the index predicts there (ending at a state checkpoint on a hybrid model), cost =
+    its waiting tokens + `running_cost_tokens` per running request, + `no_slot_cost_tokens`
+    without a free state slot (a hybrid replica's concurrency is capped by them, not by KV),
+    + what this policy placed there since the replica's last load report (reports lag by up to
+    the stats period: without this a burst goes wholly to the replica that looked best in the
+    last one). A placement counts until the replica's next report (one whose load changed),
+    its completion (`complete`, where the caller learns of it) or `unreported_ttl_s`. The best
+    `saved - cost` wins (ties at random), unless it is out of balance (`imbalance_ratio` x the
+    least queue, and `imbalance_min` more): then the less loaded of two random replicas, as
+    when nothing matches anywhere. A request with a session id goes where the session went
+    last while that replica is in balance. Placements are recorded in the index (`record`), so
+    the next request of the conversation finds them.
 
-    Decision reasons (the metric's label): "prefix", "session", "pow2" (no match),
-    "imbalance" (the best match was overloaded).
+    Decision reasons (the metric's label): "prefix" (placed where a prefix matches),
+    "session", "pow2" (nothing matches anywhere), "imbalance" (a prefix matches somewhere,
+    but its replicas were overloaded: by score or out of balance).
     """
 
     def __init__(self, index, seed: int | None = None, running_cost_tokens: int = 64,
                  no_slot_cost_tokens: int = 4096, imbalance_ratio: float = 2.0, imbalance_min: int = 8,
-                 max_sessions: int = 100_000) -> None:
+                 max_sessions: int = 100_000, unreported_ttl_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.index = index
         self.fallback = PowerOfTwoChoices(seed)
+        self._rng = random.Random(seed)
         self.running_cost_tokens = running_cost_tokens
         self.no_slot_cost_tokens = no_slot_cost_tokens
         self.imbalance_ratio = imbalance_ratio
         self.imbalance_min = imbalance_min
         self.max_sessions = max_sessions
+        self.unreported_ttl_s = unreported_ttl_s
+        self.clock = clock
         self.sessions: dict[str, str] = {}  # session id -> replica id (insertion order: oldest first)
+        self.unreported: dict[str, _Unreported] = {}
+        self.last_report: dict[str, ReplicaStats] = {}
 
-    def _cost(self, r: ReplicaStats) -> int:
-        return (r.num_waiting_tokens + self.running_cost_tokens * r.num_running
+    def _cost(self, r: ReplicaStats, extra: _Unreported | None) -> int:
+        return (r.num_waiting_tokens + (extra.tokens if extra else 0) + self.running_cost_tokens * r.num_running
                 + (self.no_slot_cost_tokens if r.num_free_state_slots == 0 else 0))
 
-    def _balanced(self, r: ReplicaStats, least_queue: int) -> bool:
-        return r.queue_len <= max(self.imbalance_ratio * least_queue, least_queue + self.imbalance_min)
+    def _balanced(self, queue_len: int, least_queue: int) -> bool:
+        return queue_len <= max(self.imbalance_ratio * least_queue, least_queue + self.imbalance_min)
 
     def choose(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
         """`rank`, then `record` the placement (when the caller places it where ranked)."""
         placement = self.rank(request, replicas)
-        self.record(placement.replica_id, request)
+        self.record(placement.replica_id, request, placement.predicted_hit_tokens)
         return placement
 
-    def record(self, replica_id: str, request: RoutingRequest) -> None:
-        """The request went to `replica_id`: its blocks will be cached there, its session lives there."""
+    def record(self, replica_id: str, request: RoutingRequest, predicted_hit_tokens: int = 0) -> None:
+        """The request went to `replica_id`: its blocks will be cached there, its session lives
+        there, its uncached prompt tokens are load there until the replica reports them."""
         self.index.record_sent(replica_id, request.prompt_token_ids)
         self.record_session(replica_id, request)
+        self.record_load(replica_id, len(request.prompt_token_ids) - predicted_hit_tokens)
 
     def record_session(self, replica_id: str, request: RoutingRequest) -> None:
         if request.session_id:
@@ -128,24 +172,69 @@ class PrefixAwarePolicy:
             if len(self.sessions) > self.max_sessions:
                 self.sessions.pop(next(iter(self.sessions)))
 
+    def record_load(self, replica_id: str, tokens: int, key: object = None) -> None:
+        """A request of `tokens` prefill tokens placed on `replica_id` (not in its reports yet);
+        `key` names it for `complete`."""
+        if replica_id not in self.unreported:
+            self.unreported[replica_id] = _Unreported()
+        self.unreported[replica_id].add(object() if key is None else key, self.clock(), max(tokens, 0))
+
+    def complete(self, replica_id: str, key: object) -> None:
+        """The request `record_load` named `key` finished on `replica_id`: no longer its load."""
+        if replica_id in self.unreported:
+            self.unreported[replica_id].remove(key)
+
+    def forget(self, replica_id: str) -> None:
+        """The replica is gone: drop its load bookkeeping (its index entries go with the index's)."""
+        self.unreported.pop(replica_id, None)
+        self.last_report.pop(replica_id, None)
+
+    def _unreported_load(self, replicas: Sequence[ReplicaStats]) -> dict[str, _Unreported]:
+        """Each replica's placements not in its load report yet (a changed report covers them)."""
+        horizon = self.clock() - self.unreported_ttl_s
+        out = {}
+        for r in replicas:
+            if self.last_report.get(r.replica_id) != r:
+                self.last_report[r.replica_id] = r
+                self.unreported.pop(r.replica_id, None)
+            extra = self.unreported.get(r.replica_id)
+            if extra is not None:
+                extra.expire(horizon)
+                out[r.replica_id] = extra
+        return out
+
+    @staticmethod
+    def _with_unreported(replicas: Sequence[ReplicaStats], extra: dict[str, _Unreported]) -> Sequence[ReplicaStats]:
+        """The stats with the unreported placements as waiting requests (for power of two)."""
+        if not extra:
+            return replicas
+        return [replace(r, num_waiting=r.num_waiting + extra[r.replica_id].requests,
+                        num_waiting_tokens=r.num_waiting_tokens + extra[r.replica_id].tokens)
+                if r.replica_id in extra else r for r in replicas]
+
     def rank(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
         """The best replica for `request` (nothing recorded)."""
         if not replicas:
             raise ValueError("no replica to choose from")
-        least_queue = min(r.queue_len for r in replicas)
-        by_id = {r.replica_id: r for r in replicas}
+        extra = self._unreported_load(replicas)
+        queue = {r.replica_id: r.queue_len + (extra[r.replica_id].requests if r.replica_id in extra else 0)
+                 for r in replicas}
+        least_queue = min(queue.values())
         saved = self.index.match(request.prompt_token_ids)
-        session = by_id.get(self.sessions.get(request.session_id, "")) if request.session_id else None
-        if session is not None and self._balanced(session, least_queue):
-            replica_id, reason = session.replica_id, "session"
+        session = self.sessions.get(request.session_id) if request.session_id else None
+        if session in queue and self._balanced(queue[session], least_queue):
+            replica_id, reason = session, "session"
+        elif not saved:
+            loads = self._with_unreported(replicas, extra)
+            replica_id, reason = self.fallback.choose(request, loads).replica_id, "pow2"
         else:
-            scored = [(saved.get(r.replica_id, 0) - self._cost(r), r) for r in replicas if saved.get(r.replica_id)]
-            if not scored:
-                replica_id, reason = self.fallback.choose(request, replicas).replica_id, "pow2"
+            scores = [(saved.get(r.replica_id, 0) - self._cost(r, extra.get(r.replica_id)), r.replica_id)
+                      for r in replicas]
+            top = max(score for score, _ in scores)
+            best = self._rng.choice([replica_id for score, replica_id in scores if score == top])
+            if not self._balanced(queue[best], least_queue):
+                loads = self._with_unreported(replicas, extra)
+                replica_id, reason = self.fallback.choose(request, loads).replica_id, "imbalance"
             else:
-                best = max(scored, key=lambda sr: sr[0])[1]
-                if self._balanced(best, least_queue):
-                    replica_id, reason = best.replica_id, "prefix"
-                else:
-                    replica_id, reason = self.fallback.choose(request, replicas).replica_id, "imbalance"
+                replica_id, reason = best, "prefix" if saved.get(best) else "imbalance"
         return Placement(replica_id, reason, saved.get(replica_id, 0))

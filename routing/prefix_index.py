@@ -72,10 +72,15 @@ class _ReplicaBlocks:
         self.blocks: OrderedDict[int, bool] = OrderedDict()
 
     def touch(self, h: int, checkpoint: bool) -> None:
-        had = self.blocks.pop(h, False)
-        self.blocks[h] = had or checkpoint
-        if len(self.blocks) > self.max_blocks:
-            self.blocks.popitem(last=False)
+        blocks = self.blocks
+        if h in blocks:
+            blocks.move_to_end(h)
+            if checkpoint:
+                blocks[h] = True
+        else:
+            blocks[h] = checkpoint
+            if len(blocks) > self.max_blocks:
+                blocks.popitem(last=False)
 
 
 class BlockPrefixIndex:
@@ -178,13 +183,14 @@ class BlockPrefixIndex:
         hashes = self._usable_hashes(prompt_token_ids)
         out = {}
         for replica_id, replica in self.replicas.items():
-            blocks, best = replica.blocks, 0
-            for i, h in enumerate(hashes):  # a chained hash stands for its whole prefix: no early stop
-                checkpoint = blocks.get(h)
+            blocks = replica.blocks
+            # a chained hash stands for its whole prefix (blocks before it may have been
+            # forgotten): the longest usable block wins, so search from the end
+            for i in range(len(hashes) - 1, -1, -1):
+                checkpoint = blocks.get(hashes[i])
                 if checkpoint or (checkpoint is not None and not self.hybrid):
-                    best = i + 1
-            if best:
-                out[replica_id] = best * self.page_size
+                    out[replica_id] = (i + 1) * self.page_size
+                    break
         return out
 
     def num_blocks(self) -> int:

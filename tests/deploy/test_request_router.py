@@ -19,8 +19,9 @@ def _replica(name: str, stats: dict):
     return SimpleNamespace(replica_id=SimpleNamespace(unique_id=name), routing_stats=stats)
 
 
-def _pending(ids, user=None):
-    return SimpleNamespace(args=[SimpleNamespace(prompt_token_ids=ids, session_id=user)])
+def _pending(ids, user=None, request_id=None):
+    return SimpleNamespace(args=[SimpleNamespace(prompt_token_ids=ids, session_id=user)],
+                           metadata=SimpleNamespace(internal_request_id=request_id))
 
 
 def test_ring_numbers_events_and_keeps_the_last_ones():
@@ -53,7 +54,8 @@ def test_router_places_by_prefix_and_forgets_what_replicas_evicted():
     a, b = _replica("a", {"num_free_state_slots": 4}), _replica("b", {"num_free_state_slots": 4, EVENTS_KEY: {}})
     first = asyncio.run(router.choose_replicas([a, b], _pending(prompt)))
     chosen = first[0][0]
-    router.on_request_routed(_pending(prompt), chosen.replica_id, None)
+    router.on_request_routed(_pending(prompt, request_id="t1"), chosen.replica_id, None)
+    router.on_request_completed(chosen.replica_id, "t1")  # the next turn comes after this one finished
     again = asyncio.run(router.choose_replicas([a, b], _pending(prompt + [1, 2, 3])))
     assert again[0] == [chosen] and again[1] == [b if chosen is a else a]
     # the replica evicted the whole prefix: its events reach the router with its stats
@@ -94,10 +96,38 @@ def test_router_metrics_record_reasons_predicted_hits_and_index_size():
 
     before = value("hybrid_serve_router_decision_seconds_count", replica="router")
     first = asyncio.run(router.choose_replicas([a, b], _pending(prompt)))[0][0]
-    router.on_request_routed(_pending(prompt), first.replica_id, None)
+    router.on_request_routed(_pending(prompt, request_id="m1"), first.replica_id, None)
+    router.on_request_completed(first.replica_id, "m1")
     asyncio.run(router.choose_replicas([a, b], _pending(prompt + [1])))
     chosen = first.replica_id.unique_id
     assert value("hybrid_serve_router_decision_reasons_total", replica=chosen, reason="prefix") == 1
     assert value("hybrid_serve_router_predicted_hit_tokens_total", replica=chosen) == 36
     assert value("hybrid_serve_router_decision_seconds_count", replica="router") == before + 2
     assert value("hybrid_serve_router_index_blocks", replica="router") == router.index.num_blocks() > 0
+
+
+def test_a_routed_request_is_load_on_its_replica_until_it_completes_or_is_reported():
+    """on_request_routed counts the request's uncached prompt tokens (prompt minus the hit
+    predicted there) as load on the replica Serve sent it to, until it completes or the
+    replica's report changes; meanwhile other requests go elsewhere."""
+    import asyncio
+
+    router = _router()
+    prompt = list(range(40))
+    a, b = _replica("la", {"num_free_state_slots": 4}), _replica("lb", {"num_free_state_slots": 4})
+    first = asyncio.run(router.choose_replicas([a, b], _pending(prompt)))[0][0]
+    other = b if first is a else a
+    router.on_request_routed(_pending(prompt, request_id="q1"), first.replica_id, None)
+    name = first.replica_id.unique_id
+    assert router.policy.unreported[name].tokens == 40  # nothing predicted yet
+    unrelated = list(range(100, 140))
+    assert asyncio.run(router.choose_replicas([a, b], _pending(unrelated)))[0][0] is other  # q1 still there
+    router.on_request_completed(first.replica_id, "q1")
+    assert router.policy.unreported[name].requests == 0
+    longer = prompt + [1, 2, 3]
+    assert asyncio.run(router.choose_replicas([a, b], _pending(longer)))[0][0] is first
+    router.on_request_routed(_pending(longer, request_id="q2"), first.replica_id, None)
+    assert router.policy.unreported[name].tokens == 7  # 36 of 43 predicted there
+    first.routing_stats = {"num_running": 1, "num_free_state_slots": 3}  # its report now shows q2
+    asyncio.run(router.choose_replicas([a, b], _pending(unrelated)))
+    assert name not in router.policy.unreported

@@ -45,3 +45,80 @@ def test_stats_round_trip_from_the_engine_view():
     stats = ReplicaStats.from_dict("r0", view.routing_stats())
     assert (stats.num_running, stats.num_waiting, stats.num_waiting_tokens, stats.num_free_state_slots,
             stats.num_free_kv_pages) == (2, 5, 70, 9, 33)
+
+
+# ----- PrefixAwarePolicy: what it scores and what it counts as load --------------------------------
+def _prefix_policy(**kw):
+    from hybrid_serve.routing import BlockPrefixIndex, PrefixAwarePolicy
+
+    return PrefixAwarePolicy(BlockPrefixIndex(16, 256), seed=0, **kw)
+
+
+SYSTEM = list(range(10, 10 + 1024))  # a system prompt every conversation shares
+
+
+def _conversation(i: int, turns: int = 1) -> list[int]:
+    return SYSTEM + [1000 + i] * 64 * turns
+
+
+def test_an_idle_replica_without_a_match_beats_matches_whose_queues_cost_more():
+    """The shared system prompt is predicted on r0 and r1, each with 3 requests (3,000 tokens)
+    waiting; r2 is idle and never saw it. Saving 1,024 tokens is not worth waiting 3,000: r2.
+    (A policy scoring only the replicas where something matches never considers r2, and a
+    replica can stay idle for a whole run: benchmarks/RESULTS.md, router section.)"""
+    policy = _prefix_policy()
+    for r in ("r0", "r1"):
+        policy.index.record_sent(r, _conversation(0))
+    stats = [ReplicaStats(r, num_waiting=3, num_waiting_tokens=3000, num_free_state_slots=8) for r in ("r0", "r1")]
+    stats.append(ReplicaStats("r2", num_free_state_slots=8))
+    placement = policy.choose(RoutingRequest(_conversation(1)), stats)
+    assert (placement.replica_id, placement.reason, placement.predicted_hit_tokens) == ("r2", "imbalance", 0)
+    # the same queues, but the match saves more than they cost: the match wins
+    cheap = [ReplicaStats(s.replica_id, num_running=2, num_free_state_slots=8) for s in stats]
+    assert policy.choose(RoutingRequest(_conversation(2)), cheap).reason == "prefix"
+
+
+def test_a_burst_between_load_reports_spreads_over_the_replicas():
+    """Reports lag (Serve pushes them every stats period): 8 new conversations arrive while
+    every replica's last report says idle. Each placement counts as load on its replica until
+    a report covers it, so the burst spreads instead of all going to the first replica that
+    looked best in the last report."""
+    policy = _prefix_policy()
+    idle = [ReplicaStats(f"r{i}", num_free_state_slots=8) for i in range(4)]
+    for r in idle:
+        policy.index.record_sent(r.replica_id, _conversation(0))
+    placed = Counter(policy.choose(RoutingRequest(_conversation(1 + i)), idle).replica_id for i in range(8))
+    assert sorted(placed.values()) == [2, 2, 2, 2], placed
+
+
+def test_placements_count_as_load_until_a_changed_report_or_the_ttl():
+    now = [0.0]
+    policy = _prefix_policy(clock=lambda: now[0])
+    idle = [ReplicaStats(f"r{i}", num_free_state_slots=8) for i in range(2)]
+    for i in range(4):
+        policy.choose(RoutingRequest(_conversation(i)), idle)
+    assert policy.unreported["r0"].requests == policy.unreported["r1"].requests == 2
+    assert policy.unreported["r0"].tokens == 1088 + 64  # the first: no match yet; the second: 64 uncached
+    reported = [ReplicaStats("r0", num_running=2, num_free_state_slots=6), idle[1]]
+    policy.rank(RoutingRequest(_conversation(20)), reported)
+    assert "r0" not in policy.unreported and policy.unreported["r1"].requests == 2  # r0's report covers them
+    now[0] += policy.unreported_ttl_s + 0.1
+    policy.rank(RoutingRequest(_conversation(21)), reported)
+    assert policy.unreported["r1"].requests == 0  # not reported, but old enough to be in any report
+    policy.forget("r1")  # the replica died
+    assert "r1" not in policy.unreported and "r1" not in policy.last_report
+
+
+def test_a_conversation_stays_where_its_history_is_while_the_load_difference_is_small():
+    """A later turn: its history beyond the shared system prompt is on r1 only (reusable up to
+    turn 1's prompt-end checkpoint: 192 tokens more than elsewhere); r1 runs 2 more requests
+    than the others (128 tokens of cost): it stays on r1."""
+    policy = _prefix_policy()
+    for r in ("r0", "r1", "r2"):
+        policy.index.record_sent(r, _conversation(0))
+    turn1 = _conversation(7, turns=3) + [5] * 16  # 1,232 tokens: its prompt-end checkpoint at 1,216
+    policy.index.record_sent("r1", turn1)
+    stats = [ReplicaStats("r0", num_free_state_slots=8), ReplicaStats("r1", num_running=2, num_free_state_slots=8),
+             ReplicaStats("r2", num_free_state_slots=8)]
+    placement = policy.choose(RoutingRequest(turn1 + [6] * 80), stats)
+    assert (placement.replica_id, placement.reason, placement.predicted_hit_tokens) == ("r1", "prefix", 1216)

@@ -85,13 +85,14 @@ def test_the_index_agrees_with_the_engines_radix_cache_under_eviction():
 
 
 def test_policy_prefers_the_replica_holding_the_prefix_and_records_placements():
-    index = BlockPrefixIndex(PS, INTERVAL)
-    policy = PrefixAwarePolicy(index, seed=0)
+    index, now = BlockPrefixIndex(PS, INTERVAL), [0.0]
+    policy = PrefixAwarePolicy(index, seed=0, clock=lambda: now[0])
     replicas = [_idle(f"r{i}") for i in range(4)]
     system = list(range(100, 164))
     first = policy.choose(RoutingRequest(system + [1, 2, 3]), replicas)
     assert first.reason == "pow2"
     for turn in range(5):
+        now[0] += 60  # turns a minute apart: every earlier request long done
         again = policy.choose(RoutingRequest(system + [1, 2, 3] + [turn] * 9), replicas)
         assert again == type(again)(first.replica_id, "prefix")
 
