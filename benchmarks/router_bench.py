@@ -183,17 +183,20 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=5)
     ap.add_argument("--routers", nargs="+", default=["prefix", "round_robin", "serve_default", "ray_prefix_affinity",
                                                       "single_replica"])
-    ap.add_argument("--out-name", default="router_multi_turn.json", help="serve: the results file's name")
+    ap.add_argument("--out-name", default=None,
+                    help="the results file's name (default router_micro.json / router_multi_turn.json)")
     ap.add_argument("--trace", action="store_true",
                     help="serve: our router writes its decisions down; rows get where the hit tokens went")
     ap.add_argument("--kill-router-after-s", type=float, default=None,
                     help="serve: kill the Router actor (it restarts) this far into the prefix router's run")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     if args.mode == "micro":
         rows = micro(args.seeds)
-        _write("router_micro.json", {
+        _write(args.out_name or "router_micro.json", {
             "metric": "router_decision_p99_ms, router_predicted_hit_error_p95_pages, router_load_max_over_min",
-            "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "device": "CPU (2 cores, shared)",
+            "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "device": "cpu (2 cores)",
+            "load_average_1_5_15_before": load_before, "load_average_1_5_15_after": os.getloadavg(),
             "workload": "decision: 64 users x 5 turns (1024-token system prompt, 128-token turns), 4 replicas, "
                         "paced 500/s for 4 s; hit error: 24 users x 5 turns on 4 CacheManagers (160 pages of 16, "
                         "10 state slots each, checkpoints every 64 tokens), events via CacheEventRing; load: 2000 "
@@ -212,8 +215,9 @@ def main() -> int:
     from .router_bench_serve import run_serve
 
     result = run_serve(args)
-    result.update({"date": time.strftime("%Y-%m-%d"), "commit": _commit()})
-    _write(args.out_name, result)
+    result.update({"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "load_average_1_5_15_before": load_before,
+                   "load_average_1_5_15_after": os.getloadavg()})
+    _write(args.out_name or "router_multi_turn.json", result)
     return 0
 
 

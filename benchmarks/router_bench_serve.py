@@ -278,12 +278,16 @@ def run_serve(args) -> dict:
     hits = {k: sum(r["hit_tokens"] for r in v) for k, v in rows.items()}
     return {
         "metric": "router_multi_turn",
-        "device": "CPU (2 cores shared with other work), local Ray Serve, demo model (11M params), 1 torch thread per replica",
+        "device": "cpu (2 cores)",
+        "setup": "local Ray Serve (num_cpus=4 on 2 cores), demo model (11M params), 1 torch thread per replica; "
+                 "the client, the ingress and the replicas share the 2 cores",
         "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared 1024-token "
                     "system prompt, 64-token user turns + 16-token stand-in replies, arrivals over 2 s, think time "
                     f"0.2-1.0 s, max_tokens 4, greedy; {args.replicas} replicas x {cache_bytes >> 20} MiB cache "
                     f"(single_replica: one with {args.replicas}x), seeds {args.seeds}",
-        "baseline": "round-robin, Serve's default (power of two choices), one replica with the total cache: same run",
+        "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "
+                    "defaults, on the token ids), one replica with the total cache: same run, same seed",
+        "trace": bool(args.trace),
         "router_hit_tokens_vs_single_replica": ratio(hits.get("prefix"), hits.get("single_replica")),
         "router_ttft_p50_vs_round_robin": ratio(p50("prefix"), p50("round_robin")),
         "router_ttft_p50_vs_serve_default": ratio(p50("prefix"), p50("serve_default")),
