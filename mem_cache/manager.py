@@ -82,13 +82,13 @@ class CacheManager:
             self._free_tree_items(*self.tree.evict_kv(count - self.pages.num_free))
         return self.pages.alloc(count) if self.pages.num_free >= count else None
 
-    def _alloc_state_slot(self) -> int | None:
-        """A free state slot, evicting the least recently used unlocked checkpoint when none is
-        free; None when every checkpoint is on a running request's path. (Evicting KV leaves
-        would free no slot then: a leaf with a checkpoint is an unlocked checkpoint holder,
-        which `evict_state` takes first. It would only empty the cache and stall admission.)"""
+    def _alloc_state_slot(self, keep: RadixNode | None = None) -> int | None:
+        """A free state slot, evicting the least recently used checkpoint when none is free
+        (`RadixCache.evict_state`: unlocked ones first, then those on running requests' paths,
+        never `keep`'s); None when the tree holds no other checkpoint. (Evicting KV leaves would
+        free no slot then: it would only empty the cache and stall admission.)"""
         if self.state_slots.num_free == 0:
-            slots = self.tree.evict_state(1)
+            slots = self.tree.evict_state(1, keep=keep)
             if not slots:
                 return None
             self._free_tree_items([], slots)
@@ -105,7 +105,7 @@ class CacheManager:
         if self.enable_prefix_cache:
             match = self.tree.match(token_ids, num_prompt_tokens - 1)
             self.tree.lock(match.node)  # protect the match from the evictions below
-        state_slot = self._alloc_state_slot()
+        state_slot = self._alloc_state_slot(keep=match.node if match is not None else None)  # its checkpoint too
         if state_slot is None:
             if match is not None:
                 self.tree.unlock(match.node)

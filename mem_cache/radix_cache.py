@@ -14,8 +14,9 @@ Contracts:
     may be freed; `unlock` when the request is done with them.
   * A node split never splits a state: the checkpoint stays with the lower half (it is the
     state at the end of the original edge).
-  * Eviction is LRU, KV leaves and checkpoints separately, never touching a locked node;
-    only the nodes actually used by a match are refreshed.
+  * Eviction is LRU, KV leaves and checkpoints separately; KV never from a locked node,
+    checkpoints from unlocked nodes first, then from running requests' paths (they never
+    read them); only the nodes actually used by a match are refreshed.
 """
 from __future__ import annotations
 
@@ -237,10 +238,13 @@ class RadixCache:
                 leaves.append(parent)
         return freed_pages, freed_slots
 
-    def evict_state(self, num_slots: int) -> list[int]:
-        """Drop checkpoints of unlocked nodes, least recently used first. KV stays."""
-        holders = sorted((n for n in self._nodes() if n.state_slot is not None and n.lock_ref == 0),
-                         key=lambda n: n.last_access)
+    def evict_state(self, num_slots: int, keep: RadixNode | None = None) -> list[int]:
+        """Drop checkpoints, least recently used first: those of unlocked nodes, then those on
+        running requests' paths (a lock protects a node's KV, which a running request reads;
+        its checkpoint it never reads: the request computes from its own state slot). KV
+        stays. `keep`: a node whose checkpoint must stay (one an admission is about to copy)."""
+        holders = sorted((n for n in self._nodes() if n.state_slot is not None and n is not keep),
+                         key=lambda n: (n.lock_ref > 0, n.last_access))
         freed = []
         for node in holders[:num_slots]:
             self._record("checkpoint_evicted", node)

@@ -36,7 +36,7 @@ class PoolOptions:
 
     page_size: int
     max_num_seqs: int
-    max_model_len: int | None  # None: the model's, capped to what the budget holds (KV, checkpoints)
+    max_model_len: int | None  # None: the model's, capped to what the KV part of the budget holds
     model_max_len: int  # the model's own context (max_position_embeddings)
     state_pool_fraction: float
     state_checkpoint_interval: int
@@ -73,9 +73,9 @@ class PoolSetup:
         if self.num_kv_pages - 1 < pages_per_request:
             raise ValueError(f"{self.num_kv_pages} KV pages (1 reserved) of {self.page_size} tokens cannot hold one "
                              f"request of max_model_len={self.max_model_len} ({pages_per_request} pages)")
-        if self.num_state_slots < 1 + self.checkpoints_per_request:
-            raise ValueError(f"{self.num_state_slots} state slots cannot hold one request's own slot and its "
-                             f"prefix-cache checkpoints ({1 + self.checkpoints_per_request})")
+        if self.num_state_slots < 1 + min(1, self.checkpoints_per_request):
+            raise ValueError(f"{self.num_state_slots} state slots cannot hold one request's own slot and a "
+                             f"prefix-cache checkpoint ({1 + min(1, self.checkpoints_per_request)})")
 
     def scratch_slot(self, verify_row: int, step: int) -> int:
         """The state-pool row of speculative scratch (verify row, step): after the slots
@@ -116,31 +116,15 @@ def size_pools(budget_bytes: int, state_fraction: float, kv_bytes_per_page: int,
         num_pages = 1 + max(pages_per_request, min(2 * max_requests * pages_per_request, MAX_BOOKKEEPING_PAGES))
     need = (f"one request of max_model_len={max_model_len} needs {pages_per_request} KV pages of "
             f"{kv_bytes_per_page} B and {min_state_slots} state slots of {state_bytes_per_slot} B "
-            f"(its own and its prefix-cache checkpoints)")
+            f"(its own and room for a prefix-cache checkpoint)")
     if num_slots < min_state_slots:
         raise ValueError(f"memory budget {budget_bytes} B with state_pool_fraction={state_fraction} holds "
-                         f"{num_slots} state slots; {need}. Raise the budget or state_pool_fraction, or "
-                         f"lower max_model_len, or raise state_checkpoint_interval.")
+                         f"{num_slots} state slots; {need}. Raise the budget or state_pool_fraction.")
     if num_pages - 1 < pages_per_request:
         raise ValueError(f"memory budget {budget_bytes} B holds {max(num_pages - 1, 0)} usable KV pages after "
                          f"{num_slots} state slots ({state_bytes} B); {need}. Raise the budget, lower "
                          f"max_model_len or state_pool_fraction.")
     return PoolSizes(num_kv_pages=int(num_pages), num_state_slots=int(num_slots))
-
-
-def _checkpointed_len_cap(budget_bytes: int, layout: PoolLayout, o: PoolOptions) -> int:
-    """The longest request whose own state slot and prefix-cache checkpoints (one per
-    `state_checkpoint_interval` tokens, + 1) fit the state part of the budget: a running
-    request keeps its checkpoints locked, so a longer one could never be admitted.
-
-        slots = budget x state_pool_fraction // slot bytes;  1 + (len // interval + 1) <= slots
-    """
-    if not (o.enable_prefix_cache and layout.num_state_layers and layout.state_bytes_per_slot):
-        return o.model_max_len
-    slots = int(budget_bytes * o.state_pool_fraction) // layout.state_bytes_per_slot
-    if slots < 3:  # not even one checkpoint: left to size_pools' error, which names the numbers
-        return o.model_max_len
-    return (slots - 1) * o.state_checkpoint_interval - 1
 
 
 def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> PoolSetup:
@@ -156,11 +140,11 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
                          f"or the speculative max_num_seqs, or raise the budget")
     budget_bytes -= scratch_bytes
     max_model_len = o.max_model_len
-    if max_model_len is None:  # the model's, capped to what the budget holds
+    if max_model_len is None:  # the model's, capped to what the KV part of the budget holds
         state_part = min(int(budget_bytes * o.state_pool_fraction), o.max_num_seqs * slot_bytes)
         kv_tokens = (budget_bytes - state_part) // page_bytes * o.page_size - o.page_size if page_bytes \
             else o.model_max_len
-        max_model_len = max(1, min(o.model_max_len, kv_tokens, _checkpointed_len_cap(budget_bytes, layout, o)))
+        max_model_len = max(1, min(o.model_max_len, kv_tokens))
     ckpts = 0
     if o.enable_prefix_cache and layout.num_state_layers:
         ckpts = max_model_len // o.state_checkpoint_interval + 1
@@ -169,7 +153,7 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
         num_slots = o.num_state_slots_override or o.max_num_seqs * (1 + ckpts)
     else:
         sizes = size_pools(budget_bytes, o.state_pool_fraction, page_bytes, slot_bytes, o.page_size, max_model_len,
-                           min_state_slots=1 + ckpts, max_state_slots=o.max_num_seqs * (1 + ckpts),
+                           min_state_slots=1 + min(1, ckpts), max_state_slots=o.max_num_seqs * (1 + ckpts),
                            max_requests=o.max_num_seqs)
         num_pages, num_slots = sizes.num_kv_pages, sizes.num_state_slots
     return PoolSetup(num_kv_pages=num_pages, num_state_slots=num_slots, num_req_rows=o.max_num_seqs,

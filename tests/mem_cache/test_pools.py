@@ -124,8 +124,11 @@ def test_all_state_model_gets_kv_bookkeeping_for_every_request():
     assert setup.num_state_slots == 8 * (1 + 256 // 64 + 1)
 
 
-def test_no_free_state_slot_leaves_the_cached_kv_alone():
-    """Every checkpoint locked by running requests: a new request waits (None) and the
+def test_checkpoints_on_running_paths_give_way_to_new_requests():
+    """No free state slot: the checkpoint on a running request's path is evicted for a new
+    request's slot (the running request computes from its own slot and never reads it; its KV
+    stays locked), unlocked checkpoints go first, and an admission never evicts the checkpoint
+    it is about to copy. With every slot a request's own, a new request waits (None) and the
     cached KV stays (evicting it would free no state slot)."""
     cache = CacheManager(num_pages=17, page_size=4, num_state_slots=3, num_rows=4, max_context=32)
     prompt = list(range(12))
@@ -135,23 +138,37 @@ def test_no_free_state_slot_leaves_the_cached_kv_alone():
     cache.commit_checkpoints(a, prompt)
     b = cache.admit([50] * 6, 6)  # the third and last slot
     assert cache.state_slots.num_free == 0 and cache.tree.num_pages == 2
-    assert cache.admit([60] * 6, 6) is None  # the only checkpoint is on a's path: nothing to evict
+    c = cache.admit([60] * 6, 6)  # a's checkpoint (on its running path) gives way; a's KV stays
+    assert c is not None and cache.stats.evicted_checkpoints == 1
     assert cache.tree.num_pages == 2 and cache.stats.evicted_pages == 0
-    cache.release(a)
-    c = cache.admit([60] * 6, 6)  # a's own slot
-    d = cache.admit([70] * 6, 6)  # the checkpoint is unlocked now: evicted for the slot, its KV kept
-    assert c is not None and d is not None
-    assert cache.stats.evicted_checkpoints == 1 and cache.tree.num_pages == 2
-    for alloc in (b, c, d):
+    assert cache.admit([70] * 6, 6) is None  # three own slots: nothing left to evict
+    cache.check_integrity()
+    for alloc in (a, b, c):
         cache.release(alloc)
     cache.check_empty()
 
+    # an admission keeps the checkpoint it copies from, though it is the only one to evict
+    cache = CacheManager(num_pages=17, page_size=4, num_state_slots=2, num_rows=4, max_context=32)
+    a = cache.admit(prompt, 12)
+    assert cache.ensure_kv(a, 12)
+    assert cache.schedule_checkpoint(a, 8, copy_after_step=False) is not None
+    cache.commit_checkpoints(a, prompt)
+    assert cache.admit(prompt[:8] + [99, 98], 10) is None  # would hit a's checkpoint: kept, so no slot
+    assert cache.stats.evicted_checkpoints == 0
+    cache.release(a)
+    hit = cache.admit(prompt[:8] + [99, 98], 10)  # a's slot is free now: the hit copies the checkpoint
+    assert hit is not None and cache.num_cached_tokens(hit) == 8
+    assert ("copy", cache.tree.match(prompt, 12).node.state_slot, hit.state_slot) in cache.take_ops()[0].ops
+    cache.release(hit)
+    cache.check_empty()
 
-def test_default_max_model_len_fits_one_request_with_its_checkpoints():
-    """max_model_len not given: the model's context is capped so that one request's own state
-    slot and its checkpoints fit the state part (Qwen3-Next-80B at tp=4 on an H100: 262,144
-    tokens would need 1,026 slots of 19 MB where 481 fit, and start-up failed); a max_model_len
-    the user asks for that does not fit still fails, naming the numbers."""
+
+def test_default_max_model_len_is_the_models_where_kv_fits():
+    """max_model_len not given: the model's context where the KV part of the budget holds it,
+    though one request would have more checkpoints than there are state slots (Qwen3-Next-80B
+    at tp=4 on an H100: 262,144 tokens, 1,025 checkpoints of 19 MB, 481 slots): checkpoints
+    on a running request's path are evictable, so a request needs its own slot and room for
+    one checkpoint."""
     from hybrid_serve.mem_cache.sizing import PoolLayout, PoolOptions, plan_pools
     layout = PoolLayout(num_attn_layers=2, num_state_layers=6, kv_bytes_per_page=1_000, state_bytes_per_slot=100_000,
                         state_spec=StateSpec(conv_dim=8, conv_width=3, ssm_shape=None, conv_dtype=torch.float32))
@@ -159,10 +176,7 @@ def test_default_max_model_len_fits_one_request_with_its_checkpoints():
                           state_pool_fraction=0.25, state_checkpoint_interval=256, enable_prefix_cache=True)
     budget = 40_000_000  # 100 state slots; KV pages for far more than 262,144 tokens
     setup = plan_pools(layout, budget, options)
-    assert setup.max_model_len == 99 * 256 - 1
-    assert 1 + setup.checkpoints_per_request <= setup.num_state_slots == 100
-    longer = dataclasses.replace(options, max_model_len=99 * 256)
-    with pytest.raises(ValueError, match="state slots"):
-        plan_pools(layout, budget, longer)
-    no_cache = dataclasses.replace(options, enable_prefix_cache=False)
-    assert plan_pools(layout, budget, no_cache).max_model_len == 262_144
+    assert setup.max_model_len == 262_144 and setup.num_state_slots == 100
+    assert setup.checkpoints_per_request == 1025
+    with pytest.raises(ValueError, match="holds 1 state slots"):
+        plan_pools(layout, 400_000, dataclasses.replace(options, max_model_len=1024))  # not even 2 slots

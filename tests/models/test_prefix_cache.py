@@ -89,7 +89,7 @@ def test_memory_pressure_preempts_and_finishes_everything(family, reference_mode
     ({"page_size": 16, "state_checkpoint_interval": 40}, "state_checkpoint_interval=40 must be a multiple of "
                                                           "page_size=16"),
     ({"max_model_len": 1024, "state_checkpoint_interval": 16, "cache_memory_bytes": 4_000_000,
-      "state_pool_fraction": 0.02}, "state slots"),
+      "state_pool_fraction": 0.002}, "holds [01] state slots"),
 ])
 def test_bad_prefix_cache_config_fails_at_start(kwargs, match, reference_models):
     model_dir, _ = reference_models("qwen3_5")
