@@ -74,6 +74,7 @@ class RadixCache:
         self._clock = 0
         self.num_pages = 0  # KV pages the tree holds
         self.num_state_slots = 0  # checkpoints the tree holds
+        self._holders: set[RadixNode] = set()  # the nodes holding them (eviction scans these, not the tree)
         self.events: list[CacheEvent] | None = None  # set to a list to record evictions (CacheManager)
 
     # ----- helpers ---------------------------------------------------------------------
@@ -189,6 +190,7 @@ class RadixCache:
         if state_slot is not None:
             if node.state_slot is None and node is not self.root:
                 node.state_slot = state_slot
+                self._holders.add(node)
                 self.num_state_slots += 1
                 self._record("checkpoint_taken", node)
             else:
@@ -231,6 +233,7 @@ class RadixCache:
             self.num_pages -= len(leaf.pages)
             if leaf.state_slot is not None:
                 freed_slots.append(leaf.state_slot)
+                self._holders.discard(leaf)
                 self.num_state_slots -= 1
             parent = leaf.parent
             del parent.children[self._key(leaf.tokens, 0)]
@@ -243,13 +246,18 @@ class RadixCache:
         running requests' paths (a lock protects a node's KV, which a running request reads;
         its checkpoint it never reads: the request computes from its own state slot). KV
         stays. `keep`: a node whose checkpoint must stay (one an admission is about to copy)."""
-        holders = sorted((n for n in self._nodes() if n.state_slot is not None and n is not keep),
-                         key=lambda n: (n.lock_ref > 0, n.last_access))
+        order = lambda n: (n.lock_ref > 0, n.last_access)  # noqa: E731
+        candidates = [n for n in self._holders if n is not keep]
+        if num_slots == 1:  # the common call (one slot for an admission or a checkpoint): no sort
+            victims = [min(candidates, key=order)] if candidates else []
+        else:
+            victims = sorted(candidates, key=order)[:num_slots]
         freed = []
-        for node in holders[:num_slots]:
+        for node in victims:
             self._record("checkpoint_evicted", node)
             freed.append(node.state_slot)
             node.state_slot = None
+            self._holders.discard(node)
             self.num_state_slots -= 1
         return freed
 
@@ -260,10 +268,15 @@ class RadixCache:
     def held_state_slots(self) -> list[int]:
         return [n.state_slot for n in self._nodes() if n.state_slot is not None]
 
+    def _check_holders(self) -> None:
+        holders = {n for n in self._nodes() if n.state_slot is not None}
+        assert holders == self._holders, "the checkpoint holders' index disagrees with the tree"
+
     def check_integrity(self) -> None:
         pages = self.held_pages()
         assert len(pages) == self.num_pages, f"the tree counts {self.num_pages} pages and holds {len(pages)}"
         assert len(self.held_state_slots()) == self.num_state_slots, "the tree's checkpoint count is off"
+        self._check_holders()
         assert len(pages) == len(set(pages)), "a KV page appears twice in the radix tree"
         assert 0 not in pages, "the reserved KV page 0 is in the radix tree"
         for node in self._nodes():

@@ -1,5 +1,6 @@
 """Radix prefix cache: unit cases and hypothesis state-machine runs of insert / match /
-lock / unlock / evict that keep `check_integrity()` true and never evict a locked node."""
+lock / unlock / evict that keep `check_integrity()` true, never evict a locked node's KV, and
+evict checkpoints on locked paths only after the unlocked ones (never a kept one)."""
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -98,10 +99,20 @@ class RadixMachine(RuleBasedStateMachine):
         self.pages.free(pages)
         self.slots.free(slots)
 
-    @rule(n=st.integers(1, 4))
-    def evict_state(self, n):
-        slots = self.tree.evict_state(n)
-        assert not {s for _, _, s in self.locks} & set(slots), "evicted a locked checkpoint"
+    @rule(n=st.integers(1, 4), keep_one=st.booleans())
+    def evict_state(self, n, keep_one):
+        """Checkpoints of unlocked nodes go first, then those on locked paths (a lock protects
+        KV, which running requests read; their checkpoints they never read); `keep` (the
+        checkpoint an admission is about to copy) never goes."""
+        keep = self.locks[-1][0] if keep_one and self.locks else None
+        kept_slot = keep.state_slot if keep is not None else None
+        unlocked = {x.state_slot for x in self.tree._nodes()
+                    if x.state_slot is not None and x.lock_ref == 0 and x is not keep}
+        slots = self.tree.evict_state(n, keep=keep)
+        assert len(slots) == len(set(slots)) <= n
+        assert kept_slot is None or kept_slot not in slots, "evicted the kept checkpoint"
+        if set(slots) - unlocked:
+            assert unlocked <= set(slots), "a checkpoint on a locked path went before an unlocked one"
         self.slots.free(slots)
 
     @invariant()
