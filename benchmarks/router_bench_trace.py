@@ -82,7 +82,7 @@ def hit_accounting(results: list[dict], conversations) -> dict:
 def affinity(trace_path: str, results: list[dict], conversations) -> dict:
     """For each later turn of the traced run: stayed on its previous turn's replica, or moved
     (by the decision's reason, and whether the previous replica was predicted to hold more);
-    hit tokens lost against the best case in each group."""
+    hit tokens lost against the best case in each group; the workload's requests per replica."""
     users = {conversation_key(c[0]): u for u, c in enumerate(conversations)}
     turn_of = [{len(p): t for t, p in enumerate(c)} for c in conversations]
     decisions, routed = {}, {}
@@ -117,4 +117,6 @@ def affinity(trace_path: str, results: list[dict], conversations) -> dict:
         best = best_case_tokens(conversations[u], t)
         c["requests"] += 1
         c["lost_tokens"] += best - hits[(u, t)]
-    return {"decision_reasons": dict(reasons), "later_turns": {g: dict(c) for g, c in sorted(groups.items())}}
+    per_replica = Counter(routed.values())
+    return {"decision_reasons": dict(reasons), "requests_per_replica": sorted(per_replica.values()),
+            "later_turns": {g: dict(c) for g, c in sorted(groups.items())}}
