@@ -7,7 +7,8 @@ prompt at first, one token once decoding). Each step:
      the state kernels straight into their slots (`ScheduledChunk.checkpoints`);
   2. waiting requests are admitted (FIFO, reusing the longest cached prefix) while the
      budget allows, `Admission.can_start` says yes (max_num_seqs, free rows) and the cache
-     manager finds a state slot and KV pages.
+     manager finds a state slot and KV pages; one whose prefix a running request is still
+     computing waits for that request's checkpoints (those behind it may start).
 When KV pages run out, the newest running requests are preempted: their holdings are
 released and they go back to the front of the queue, to be recomputed later (with the
 prefix cache's help). A request samples whenever its chunk reaches the end of its tokens.
@@ -125,10 +126,16 @@ class Scheduler:
             budget -= n + len(draft)
             i += 1
         view = self.load_view()
-        while self.waiting and budget > 0 and self.admission.can_start(view).admitted:
-            req = self.waiting[0]
+        prefilling = [r for r in self.running if r.num_computed_tokens < r.prompt_len] \
+            if self.config.enable_prefix_caching else []
+        i = 0  # waiting requests before i wait for a prefix another request is computing
+        while i < len(self.waiting) and budget > 0 and self.admission.can_start(view).admitted:
+            req = self.waiting[i]
             if req.num_pending_tokens:  # preempted before its last token was read back: wait for it
                 break
+            if prefilling and self._prefix_in_flight(req, prefilling):
+                i += 1
+                continue
             alloc = self.cache.admit(req.token_ids, len(req.token_ids))
             if alloc is None:
                 break
@@ -142,9 +149,11 @@ class Scheduler:
                 self.cache.release(alloc)
                 req.alloc = None
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            if self.config.enable_prefix_caching:
+                prefilling.append(req)  # later requests with its prefix wait for its checkpoints
             plan.append(ScheduledChunk(req, n))
             budget -= n
             view = replace(view, num_running=view.num_running + 1, num_waiting=view.num_waiting - 1,
@@ -154,6 +163,29 @@ class Scheduler:
                 if not chunk.draft_tokens:  # verify: checkpoints follow acceptance (engine.py)
                     self._schedule_checkpoints(chunk)
         return plan
+
+    def _prefix_in_flight(self, req: Request, prefilling: list[Request]) -> bool:
+        """Is a running request still computing a prefix `req` shares, and will it leave a
+        checkpoint of it at least one checkpoint interval past what the cache holds now? Then
+        `req` waits (later requests may start) and reuses it, instead of computing the same
+        prefix beside it: requests arriving together with one system prompt compute it once,
+        not once each (SGLang's in-batch prefix check). It waits at most until that request
+        has computed past the checkpoint (taken or not: checkpoints are best effort)."""
+        limit = len(req.token_ids) - 1  # admission reuses at most all but the last prompt token
+        cached = None
+        for other in prefilling:
+            common = min(_common_prefix_len(req.token_ids, other.token_ids[: other.prompt_len]), limit)
+            ckpt = common // self.interval * self.interval
+            prompt_end = (other.prompt_len - 1) // self.page_size * self.page_size
+            if prompt_end <= common:
+                ckpt = max(ckpt, prompt_end)
+            if ckpt <= other.num_computed_tokens or ckpt < self.interval:
+                continue
+            if cached is None:
+                cached = self.cache.usable_prefix_len(req.token_ids, len(req.token_ids))
+            if ckpt - cached >= self.interval:
+                return True
+        return False
 
     def _ensure_kv_or_preempt(self, req: Request, n: int) -> bool:
         while not self.cache.ensure_kv(req.alloc, req.num_computed_tokens + n):
@@ -193,3 +225,18 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
+
+
+def _common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists (list comparisons in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

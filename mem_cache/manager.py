@@ -134,6 +134,12 @@ class CacheManager:
         self._allocs[req_row] = alloc
         return alloc
 
+    def usable_prefix_len(self, token_ids: list[int], num_prompt_tokens: int) -> int:
+        """Tokens `admit` would reuse now (a look: nothing locked or refreshed)."""
+        if not self.enable_prefix_cache:
+            return 0
+        return self.tree.match(token_ids, num_prompt_tokens - 1, touch=False).num_tokens
+
     def num_cached_tokens(self, alloc: RequestAlloc) -> int:
         return alloc.num_tree_pages * self.page_size
 

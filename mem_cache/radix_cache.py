@@ -141,8 +141,9 @@ class RadixCache:
         return [p for chunk in reversed(chunks) for p in chunk]
 
     # ----- queries ---------------------------------------------------------------------
-    def match(self, tokens: list[int], max_tokens: int) -> PrefixMatch:
-        """Longest usable cached prefix of tokens[:max_tokens] (whole nodes only)."""
+    def match(self, tokens: list[int], max_tokens: int, touch: bool = True) -> PrefixMatch:
+        """Longest usable cached prefix of tokens[:max_tokens] (whole nodes only). `touch`:
+        refresh the matched path's LRU time (False: a look that uses nothing)."""
         tokens = tokens[:max_tokens]
         node, pos = self.root, 0
         best, best_pos = self.root, 0
@@ -157,11 +158,12 @@ class RadixCache:
             node, pos = child, pos + len(child.tokens)
             if self._usable(node):
                 best, best_pos = node, pos
-        now = self._tick()
-        walk = best
-        while walk is not None:
-            walk.last_access = now
-            walk = walk.parent
+        if touch:
+            now = self._tick()
+            walk = best
+            while walk is not None:
+                walk.last_access = now
+                walk = walk.parent
         return PrefixMatch(best, best_pos, self._path_pages(best), pos)
 
     def insert(self, tokens: list[int], pages: list[int], state_slot: int | None) -> InsertResult:

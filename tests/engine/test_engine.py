@@ -210,3 +210,26 @@ def test_tp_beyond_gdn_key_heads(tmp_path):
     check_tp_size(str(tmp_path), 2)
     with pytest.raises(ValueError, match="grouped by key head"):
         check_tp_size(str(tmp_path), 4)
+
+
+def test_requests_sharing_a_prefix_in_flight_compute_it_once(model_dir):
+    """Four requests arriving together with one 160-token system prompt: the first computes
+    it, the others wait for its checkpoints (requests with other prompts start meanwhile)
+    and reuse them, instead of computing the same prefix beside it; outputs as alone."""
+    gen = torch.Generator().manual_seed(11)
+    system = torch.randint(0, 256, (160,), generator=gen).tolist()
+    shared = [system + torch.randint(0, 256, (n,), generator=gen).tolist() for n in (5, 9, 14, 20)]
+    other = torch.randint(0, 256, (40,), generator=gen).tolist()
+    prompts = shared[:1] + [other] + shared[1:]
+    args = dict(dtype="float32", max_num_seqs=8, max_num_batched_tokens=96, chunked_prefill_size=48,
+                state_checkpoint_interval=32)
+    alone = [LLM(model=model_dir, **args).generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
+    llm = LLM(model=model_dir, **args)
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in outs] == alone
+    assert [o.num_cached_tokens for o in outs] == [0, 0, 160, 160, 160]  # the prefix, to its last checkpoint
+    assert outs[1].metrics.first_scheduled_time < outs[2].metrics.first_scheduled_time  # the other one did not wait
+    llm.engine.cache.check_empty()
+
+    off = LLM(model=model_dir, enable_prefix_caching=False, **{k: v for k, v in args.items()})
+    assert [o.outputs[0].token_ids for o in off.generate(prompts, GREEDY)] == alone
