@@ -54,12 +54,15 @@ def main() -> int:
     ap.add_argument("--acceptance", type=float, default=0.8)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--sharpen", type=float, default=16.0, help="LM-head weight multiplier (1: none)")
+    ap.add_argument("--dtype", default="bfloat16", help="bfloat16, or float32 (verify and decode kernels then "
+                    "agree to rounding, so the plain run's continuation stays the true one)")
+    ap.add_argument("--verify-graphs", type=int, default=1, help="verify steps through CUDA graphs (1) or eagerly (0)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     model_dir = write_model_dir(args.model, tempfile.mkdtemp())
     device = torch.cuda.get_device_name()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    engine = dict(model=model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=64,
+    engine = dict(model=model_dir, load_format="dummy", dtype=args.dtype, device="cuda", max_num_seqs=64,
                   enable_prefix_caching=False, gpu_memory_utilization=0.6)
     gen = torch.Generator().manual_seed(0)
     batches = [int(b) for b in args.batches.split(",")]
@@ -78,12 +81,15 @@ def main() -> int:
             continue
         spec_cfg = dict(method="synthetic", num_speculative_tokens=args.k, acceptance_rate=args.acceptance,
                         adaptive=adaptive, max_num_seqs=64, continuations=continuations)
-        spec = LLM(**engine, speculative_config=spec_cfg)
+        spec = LLM(**engine, speculative_config=spec_cfg, enable_verify_graphs=bool(args.verify_graphs))
         spec.engine.model.lm_head.weight.data.mul_(args.sharpen)
         decode_rate(spec, prompts[runs[0]][:1], 8)
         for batch in runs:
             before = spec.engine.stats()
+            graph_steps = spec.engine.runner.num_verify_graph_steps if spec.engine.runner is not None else 0
             spec_rate, got, _ = decode_rate(spec, prompts[batch], args.tokens)
+            if spec.engine.runner is not None:
+                graph_steps = spec.engine.runner.num_verify_graph_steps - graph_steps
             st = {k: v - before.get(k, 0) for k, v in spec.engine.stats().items() if k.startswith("spec_")}
             base_rate, want = base[batch]
             metric = f"spec_speedup_bs{batch}_adaptive" if adaptive else f"spec_speedup_bs{batch}_a08_k{args.k}"
@@ -92,11 +98,13 @@ def main() -> int:
                        measured_acceptance=round(st["spec_accepted_tokens"] / max(st["spec_draft_tokens"], 1), 3),
                        greedy_identical_fraction=sum(g == w for g, w in zip(got, want)) / batch,
                        first16_identical=sum(g[:16] == w[:16] for g, w in zip(got, want)) / batch,
-                       verify_rows=st["spec_verify_rows"], device=device, commit=commit,
+                       verify_rows=st["spec_verify_rows"], verify_graph_steps=graph_steps, device=device,
+                       commit=commit,
                        date=datetime.date.today().isoformat(),
-                       workload=f"{args.model} dummy bf16, {batch} prompts x {args.prompt} tokens, {args.tokens} "
+                       workload=f"{args.model} dummy {args.dtype}, {batch} prompts x {args.prompt} tokens, {args.tokens} "
                                 f"greedy tokens, synthetic drafter acceptance {args.acceptance}, K={args.k}"
-                                + (" adaptive" if adaptive else " fixed") + f", LM head x{args.sharpen:g}",
+                                + (" adaptive" if adaptive else " fixed") + f", LM head x{args.sharpen:g}"
+                                + (", verify graphs" if args.verify_graphs else ", verify eager"),
                        baseline="no speculation, same engine settings, same run")
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -46,6 +46,9 @@ class EngineConfig:
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
     enable_cuda_graphs: bool = True  # replay captured CUDA graphs for pure-decode steps (ignored on CPU)
     cuda_graph_max_batch: int | None = None  # largest decode batch run through a graph; default max_num_seqs
+    # with speculative decoding: verify steps whose rows all verify K drafts replay graphs too
+    # (one per padded batch size, up to the state scratch's rows; engine/runner/cuda_graph.py)
+    enable_verify_graphs: bool = True
     async_scheduling: bool = True  # queue step N+1 before reading step N's tokens back (tp = 1)
     warm_up: bool = True  # compile every kernel shape at start-up, before serving (CUDA)
     # speculative decoding: None (off), or a dict / SpeculativeConfig (engine/spec/config.py)

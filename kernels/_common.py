@@ -92,10 +92,12 @@ def max_seqlen(cu_seqlens: torch.Tensor) -> int | None:
 
 
 def verify_scratch(name: str, scratch: torch.Tensor | None, step_shape: tuple[int, ...], batch: int,
-                   cu_seqlens: torch.Tensor, like: torch.Tensor, last_contiguous: bool = True) -> torch.Tensor:
+                   cu_seqlens: torch.Tensor, like: torch.Tensor, last_contiguous: bool = True,
+                   update_pool: bool = False) -> torch.Tensor:
     """Check a verify-mode scratch [B_scratch >= batch, S >= longest row, *step_shape] and
     return it; without one, an empty placeholder of the same rank (the kernel then writes
-    the pool in place)."""
+    the pool in place). `update_pool`: the kernel also writes each row's last state in place,
+    so the scratch needs one step fewer than the longest row (S >= longest - 1)."""
     if scratch is None:
         return like.new_empty(0, *([1] * (1 + len(step_shape))))
     check_tensor(name, scratch, ndim=2 + len(step_shape), dtypes=FLOAT_DTYPES, shape=(None, None, *step_shape),
@@ -103,8 +105,9 @@ def verify_scratch(name: str, scratch: torch.Tensor | None, step_shape: tuple[in
     if scratch.shape[0] < batch:
         raise ValueError(f"{name} has {scratch.shape[0]} rows for a batch of {batch}")
     longest = max_seqlen(cu_seqlens)
-    if longest is not None and longest > scratch.shape[1]:
-        raise ValueError(f"a row has {longest} tokens but {name} keeps {scratch.shape[1]} steps")
+    if longest is not None and longest - int(update_pool) > scratch.shape[1]:
+        raise ValueError(f"a row has {longest} tokens but {name} keeps {scratch.shape[1]} steps"
+                         + (" (and the pool the last)" if update_pool else ""))
     return scratch
 
 

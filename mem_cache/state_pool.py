@@ -86,6 +86,11 @@ class StatePool:
                              f"{self.scratch_steps} steps")
         return self.num_slots + 1 + verify_row * self.scratch_steps + step
 
+    def layer_scratch(self, layer_states: torch.Tensor) -> torch.Tensor:
+        """One layer's states [N+1+R*S, *F] (`conv_states[l]` / `ssm_states[l]`) -> its scratch
+        rows as [R, S, *F] (a view: the verify kernels' `intermediate_*` argument)."""
+        return layer_states[self.num_slots + 1:].view(self.scratch_rows, self.scratch_steps, *layer_states.shape[1:])
+
     def _scratch_view(self, states: torch.Tensor) -> torch.Tensor:
         """[L, N+1+R*S, *F] -> the scratch rows as [L, R, S, *F]."""
         return states[:, self.num_slots + 1:].view(states.shape[0], self.scratch_rows, self.scratch_steps,

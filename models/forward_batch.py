@@ -75,6 +75,12 @@ class ForwardBatch:
     checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
     min_extend_len: int | None = None  # min(extend_lens) when known on the host
     plan: PlanLists | None = None  # the plan's host lists (no sync to read): batches from `from_plan`
+    # > 0: a verify batch in scratch order (engine/runner/cuda_graph.py): every row has
+    # spec_scratch_steps + 1 tokens, and the state after each of batch row b's first
+    # spec_scratch_steps tokens goes to speculative scratch row b (StatePool.layer_scratch),
+    # the state after all of them to its slot: the Triton kernels' scratch mode, static shapes.
+    # `checkpoints` names the same states (for the reference kernels).
+    spec_scratch_steps: int = 0
     _host: HostView | None = field(default=None, repr=False)
     _chunks: dict[int, ChunkTable] = field(default_factory=dict, repr=False)
     _conv_snapshots: dict[int, ConvSnapshotIndex] = field(default_factory=dict, repr=False)
@@ -106,10 +112,10 @@ class ForwardBatch:
         """Where the conv layers copy their checkpoint windows from (built once per step and
         window width, shared by every conv layer: kernels/causal_conv1d `conv_snapshot_index`)."""
         if width not in self._conv_snapshots:
-            if self.plan is None:
+            if self.plan is None and not self.spec_scratch_steps:
                 raise ValueError("checkpoints need a batch built from a step plan (ForwardBatch.from_plan)")
-            self._conv_snapshots[width] = conv_snapshot_index(width, self.plan.cu_seqlens, self.checkpoints,
-                                                              self.req_rows.device)
+            cu = self.plan.cu_seqlens if self.plan is not None else self.host.cu_seqlens  # (reference path)
+            self._conv_snapshots[width] = conv_snapshot_index(width, cu, self.checkpoints, self.req_rows.device)
         return self._conv_snapshots[width]
 
     @classmethod

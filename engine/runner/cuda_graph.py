@@ -1,4 +1,4 @@
-"""CUDA graphs for pure-decode steps.
+"""CUDA graphs for pure-decode steps and for speculative verify steps.
 
 A step whose batch rows all extend by one token, with B <= max_batch rows, replays a graph
 captured once per padded size (`CAPTURE_SIZES` up to max_batch). A graph's only per-step
@@ -17,8 +17,17 @@ Inside the graph: the ForwardBatch (`ForwardBatch.build`, the builder every step
 slots and state slots looked up in the request-row table), the pending input ids
 resolved, the forward and the LM head, giving logits [size, V].
 Every shape follows from `size` (T = B = size, max_extend_len = 1) and the kernel path of
-models/layers/ops.py reads device tensors only, so nothing syncs with the host. Anything
-else (prefill chunks, verify, bigger batches, CPU) runs eagerly.
+models/layers/ops.py reads device tensors only, so nothing syncs with the host.
+
+Verify steps (speculative decoding, `tokens_per_row` Q = K + 1 > 1): a step whose rows each
+verify K drafts (Q tokens: the last token and the drafts) replays the graph of its padded
+size. The meta then holds req_rows [size] | positions [size] (of each row's first token) |
+input_ids [size * Q]; batch row b is verify row b, so the state layers write the state after
+each of row b's first K tokens to speculative scratch row b (`ForwardBatch.spec_scratch_steps`:
+the recurrent kernels' scratch mode, static shapes) and the state after all Q to its slot, as
+the eager path's in-kernel checkpoints do; the graph gives the logits of all size * Q tokens.
+Sizes stop at the scratch's rows. Anything else (prefill chunks, mixed or uneven verify
+steps, bigger batches, CPU) runs eagerly.
 """
 from __future__ import annotations
 
@@ -40,78 +49,122 @@ def graph_sizes(max_batch: int) -> list[int]:
     return [s for s in CAPTURE_SIZES if s < max_batch] + [max_batch]
 
 
-def padded_size(extend_lens: list[int], sizes: list[int]) -> int | None:
-    """The captured size a step runs at, or None if it runs eagerly (not pure decode / too big)."""
-    if not extend_lens or max(extend_lens) != 1:
+def padded_size(extend_lens: list[int], sizes: list[int], tokens_per_row: int = 1) -> int | None:
+    """The captured size a step runs at, or None if it runs eagerly (not every row extends by
+    `tokens_per_row` tokens / too big)."""
+    if not extend_lens or max(extend_lens) != tokens_per_row or min(extend_lens) != tokens_per_row:
         return None
     return next((s for s in sizes if s >= len(extend_lens)), None)
 
 
-def decode_meta(req_rows: list[int], positions: list[int], input_ids: list[int], size: int) -> list[int]:
-    """`meta[:3 * size]` for a decode batch padded to `size`: req_rows | positions | input_ids,
-    each followed by zeros for the padding rows."""
+def decode_meta(req_rows: list[int], positions: list[int], input_ids: list[int], size: int,
+                tokens_per_row: int = 1) -> list[int]:
+    """The meta of a batch padded to `size`: req_rows | positions (of each row's first token) |
+    input_ids (`tokens_per_row` per row), each followed by zeros for the padding rows."""
     pad = size - len(req_rows)
-    if pad < 0 or len(positions) != len(req_rows) or len(input_ids) != len(req_rows):
-        raise ValueError(f"cannot pad a decode batch of {len(req_rows)} rows / {len(input_ids)} tokens to {size}")
+    if pad < 0 or len(positions) != len(req_rows) or len(input_ids) != len(req_rows) * tokens_per_row:
+        raise ValueError(f"cannot pad a batch of {len(req_rows)} rows / {len(input_ids)} tokens to {size} rows "
+                         f"of {tokens_per_row} tokens")
     zeros = [0] * pad
-    return req_rows + zeros + positions + zeros + input_ids + zeros
+    return req_rows + zeros + positions + zeros + input_ids + zeros * tokens_per_row
 
 
 class DecodeBuffers:
-    """Static inputs of every decode graph; the graph of size s reads rows [:s]."""
+    """Static inputs of every graph of one tokens-per-row; the graph of size s reads rows [:s]."""
 
-    def __init__(self, max_batch: int, device: torch.device | str) -> None:
+    def __init__(self, max_batch: int, device: torch.device | str, tokens_per_row: int = 1) -> None:
         i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
-        self.max_batch = max_batch
-        self.meta = torch.zeros(3 * max_batch, **i64)  # req_rows | positions | input_ids of the step's size
-        # the same for every decode step: one token per row
-        self.extend_lens = torch.ones(max_batch, **i32)
-        self.cu_seqlens = torch.arange(max_batch + 1, **i32)
+        self.max_batch, self.tokens_per_row = max_batch, tokens_per_row
+        # req_rows | positions | input_ids of the step's size
+        self.meta = torch.zeros((2 + tokens_per_row) * max_batch, **i64)
+        # the same for every step: tokens_per_row tokens per row
+        self.extend_lens = torch.full((max_batch,), tokens_per_row, **i32)
+        self.cu_seqlens = torch.arange(max_batch + 1, **i32) * tokens_per_row
 
     def load(self, flat_meta: list[int]) -> int:
-        """Copy `decode_meta(...)` into meta[:3 * size] (one async copy). Returns size."""
-        size = len(flat_meta) // 3
-        if size * 3 != len(flat_meta) or not 0 < size <= self.max_batch:
-            raise ValueError(f"decode metadata of {len(flat_meta)} values does not fit {self.max_batch} rows")
-        self.meta[: 3 * size].copy_(pinned(flat_meta, torch.int64, self.meta.device), non_blocking=True)
+        """Copy `decode_meta(...)` into the meta's first values (one async copy). Returns size."""
+        width = 2 + self.tokens_per_row
+        size = len(flat_meta) // width
+        if size * width != len(flat_meta) or not 0 < size <= self.max_batch:
+            raise ValueError(f"graph metadata of {len(flat_meta)} values does not fit {self.max_batch} rows of "
+                             f"{self.tokens_per_row} tokens")
+        self.meta[: width * size].copy_(pinned(flat_meta, torch.int64, self.meta.device), non_blocking=True)
         return size
 
     def forward_batch(self, size: int, table: RequestRowTable, kv_pool: KVPool | None, state_pool: StatePool | None,
                       last_tokens: torch.Tensor) -> tuple[torch.Tensor, ForwardBatch]:
-        """(input_ids [size], ForwardBatch) of meta[:3 * size], built with device ops only by
-        the one ForwardBatch builder (this is what a graph captures)."""
-        req_rows, positions, ids = self.meta[: 3 * size].view(3, size)
-        input_ids = torch.where(ids >= 0, ids, last_tokens[req_rows])
+        """(input_ids [size * Q], ForwardBatch) of the meta's first values, built with device ops
+        only by the one ForwardBatch builder (this is what a graph captures)."""
+        q = self.tokens_per_row
+        meta = self.meta[: (2 + q) * size]
+        req_rows, positions, ids = meta[:size], meta[size : 2 * size], meta[2 * size :]
+        pending_rows = req_rows if q == 1 else req_rows.repeat_interleave(q, output_size=size * q)
+        input_ids = torch.where(ids >= 0, ids, last_tokens[pending_rows])
         fb = ForwardBatch.build(req_rows.int(), positions.int(), self.extend_lens[:size], self.cu_seqlens[: size + 1],
-                                num_tokens=size, max_extend_len=1, table=table, kv_pool=kv_pool,
+                                num_tokens=size * q, max_extend_len=q, table=table, kv_pool=kv_pool,
                                 state_pool=state_pool)
+        if q > 1:  # verify: row b's states after its first q - 1 tokens go to scratch row b
+            fb.spec_scratch_steps = q - 1
+            fb.min_extend_len = q
+            fb.checkpoints = scratch_checkpoints(size, q, state_pool)
         return input_ids, fb
 
 
+def scratch_checkpoints(rows: int, tokens_per_row: int, state_pool: StatePool) -> list[tuple[int, int, int]]:
+    """The (batch row, offset, scratch slot) checkpoints of a verify batch whose batch row b is
+    verify row b: the state after each of a row's first Q - 1 tokens (the same list the
+    engine's plan carries: LLMEngine._plan)."""
+    return [(b, step + 1, state_pool.scratch_slot(b, step)) for b in range(rows) for step in range(tokens_per_row - 1)]
+
+
 class DecodeGraphs:
-    """One CUDA graph per padded decode size, sharing one memory pool and one set of buffers.
-    A graph computes the logits [size, V] (fp32) of its batch.
+    """One CUDA graph per padded size, sharing one memory pool and one set of buffers, for
+    steps of `tokens_per_row` tokens per row (1: decode; K + 1: verify). A graph computes the
+    logits [size * Q, V] (fp32) of its batch.
 
     `capture` needs CUDA. For a size that was not captured (CPU tests) `run` executes the
     same function eagerly on the same static buffers, so the padding logic is testable anywhere."""
 
     def __init__(self, model: torch.nn.Module, max_batch: int, device: torch.device | str, table: RequestRowTable,
-                 kv_pool: KVPool | None, state_pool: StatePool | None, last_tokens: torch.Tensor) -> None:
+                 kv_pool: KVPool | None, state_pool: StatePool | None, last_tokens: torch.Tensor,
+                 tokens_per_row: int = 1) -> None:
+        if tokens_per_row < 1:
+            raise ValueError(f"tokens_per_row must be >= 1, got {tokens_per_row}")
+        if tokens_per_row > 1:
+            scratch_rows = state_pool.scratch_rows if state_pool is not None else 0
+            if state_pool is None or state_pool.scratch_steps < tokens_per_row - 1:
+                raise ValueError(f"verify graphs of {tokens_per_row} tokens per row need a speculative scratch of "
+                                 f">= {tokens_per_row - 1} steps")
+            max_batch = min(max_batch, scratch_rows)
         self.model = model
+        self.tokens_per_row = tokens_per_row
         self.sizes = graph_sizes(max_batch)
-        self.buffers = DecodeBuffers(self.sizes[-1], device)
+        self.buffers = DecodeBuffers(self.sizes[-1], device, tokens_per_row)
         self.table, self.kv_pool, self.state_pool, self.last_tokens = table, kv_pool, state_pool, last_tokens
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # size -> static logits [size, V]
         self.hidden: dict[int, torch.Tensor] = {}  # size -> static final hidden states [size, H] (MTP reads them)
 
     def padded_size(self, extend_lens: list[int]) -> int | None:
-        return padded_size(extend_lens, self.sizes)
+        return padded_size(extend_lens, self.sizes, self.tokens_per_row)
+
+    def verify_fits(self, extend_lens: list[int], sample_counts: list[int],
+                    checkpoints: list[tuple[int, int, int]]) -> int | None:
+        """The padded size a verify step runs at, or None (eager): every row verifies Q - 1
+        drafts and samples all Q tokens, and its checkpoints are exactly the scratch's (batch
+        row b = verify row b; no prefix-cache checkpoint inside the step)."""
+        size = self.padded_size(extend_lens)
+        q = self.tokens_per_row
+        if size is None or q == 1 or len(sample_counts) != len(extend_lens) or min(sample_counts) != q:
+            return None
+        if checkpoints != scratch_checkpoints(len(extend_lens), q, self.state_pool):
+            return None
+        return size
 
     def _logits(self, size: int) -> torch.Tensor:
         input_ids, fb = self.buffers.forward_batch(size, self.table, self.kv_pool, self.state_pool,
                                                    self.last_tokens)
-        hidden = self.model(input_ids, fb.positions, fb)  # [size, H]
+        hidden = self.model(input_ids, fb.positions, fb)  # [size * Q, H]
         self.hidden[size] = hidden
         return self.model.compute_logits(hidden)
 
@@ -131,8 +184,8 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
     def run(self, flat_meta: list[int]) -> torch.Tensor:
-        """flat_meta: `decode_meta(...)` of a captured size. Returns logits [size, V], a static
-        tensor overwritten by the next run (as is `self.hidden[size]`, the rows' final hidden states)."""
+        """flat_meta: `decode_meta(...)` of a captured size. Returns logits [size * Q, V], a static
+        tensor overwritten by the next run (as is `self.hidden[size]`, the tokens' final hidden states)."""
         size = self.buffers.load(flat_meta)
         graph = self.graphs.get(size)
         if graph is None:  # not captured (CPU): the same function, eagerly

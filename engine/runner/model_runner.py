@@ -26,9 +26,11 @@ from .step_plan import MtpPlan, StepPlan
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, state_pool: StatePool, req_table: RequestRowTable,
-                 device: torch.device | str, cuda_graph_max_batch: int = 0, warm_up_tokens: int = 0) -> None:
+                 device: torch.device | str, cuda_graph_max_batch: int = 0, warm_up_tokens: int = 0,
+                 verify_tokens_per_row: int = 0) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode graphs for batches up to that
-        size; warm_up_tokens > 0 first runs `warm_up` (CUDA only)."""
+        size, and with verify_tokens_per_row = K + 1 > 1 (speculative decoding with K drafts
+        and a state scratch) verify graphs too; warm_up_tokens > 0 first runs `warm_up` (CUDA only)."""
         self.model = model
         self.kv_pool = kv_pool
         self.state_pool = state_pool
@@ -36,6 +38,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.last_tokens = torch.zeros(req_table.num_rows + 1, dtype=torch.int64, device=self.device)  # [rows+1]
         self.decode_graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None
+        self.num_verify_graph_steps = 0  # verify steps replayed from a graph (the rest ran eagerly)
         # MTP drafting reads the last forward's final hidden states ([T, H], token order)
         self.keep_hidden = getattr(model, "mtp", None) is not None
         self.last_hidden: torch.Tensor | None = None
@@ -46,6 +50,9 @@ class ModelRunner:
                 raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
             self.use_decode_graphs(cuda_graph_max_batch)
             self.decode_graphs.capture()
+            if verify_tokens_per_row > 1 and state_pool.scratch_rows > 0:
+                self.use_verify_graphs(cuda_graph_max_batch, verify_tokens_per_row)
+                self.verify_graphs.capture()
 
     def use_decode_graphs(self, max_batch: int) -> DecodeGraphs:
         """Route decode steps of up to max_batch rows through DecodeGraphs (captured by the
@@ -53,6 +60,14 @@ class ModelRunner:
         self.decode_graphs = DecodeGraphs(self.model, max_batch, self.device, self.req_table, self.kv_pool,
                                           self.state_pool, self.last_tokens)
         return self.decode_graphs
+
+    def use_verify_graphs(self, max_batch: int, tokens_per_row: int) -> DecodeGraphs:
+        """Route verify steps of `tokens_per_row` tokens in every row (up to max_batch rows and
+        the scratch's rows) through graphs (cuda_graph.py; captured by the caller on CUDA, run
+        eagerly on the same buffers otherwise)."""
+        self.verify_graphs = DecodeGraphs(self.model, max_batch, self.device, self.req_table, self.kv_pool,
+                                          self.state_pool, self.last_tokens, tokens_per_row=tokens_per_row)
+        return self.verify_graphs
 
     def warm_up(self, max_tokens: int) -> None:
         """Run every kind of eager step serving meets before the engine says ready (the decode
@@ -107,6 +122,17 @@ class ModelRunner:
         sample_batch_rows = to_device(plan.sample_rows, torch.int64, self.device)
         return self.model.compute_logits(hidden[fb.logits_indices[sample_batch_rows]])  # [S, V]
 
+    def _logits_verify_graph(self, plan: StepPlan, size: int) -> torch.Tensor:
+        """A verify step from its graph: the logits of every token, in token order (what the
+        eager path gives for rows that sample all their tokens)."""
+        graphs, q = self.verify_graphs, self.verify_graphs.tokens_per_row
+        logits = graphs.run(decode_meta(plan.req_rows, plan.prefix_lens, plan.input_ids, size, q))
+        self.num_verify_graph_steps += 1
+        num_tokens = len(plan.req_rows) * q
+        if self.keep_hidden:
+            self.last_hidden = graphs.hidden[size][:num_tokens]
+        return logits[:num_tokens]
+
     def _logits_graph(self, plan: StepPlan, size: int) -> torch.Tensor:
         logits = self.decode_graphs.run(decode_meta(plan.req_rows, plan.prefix_lens, plan.input_ids, size))
         if self.keep_hidden:
@@ -128,7 +154,15 @@ class ModelRunner:
         logits = None
         if plan.has_forward:
             size = self.decode_graphs.padded_size(plan.extend_lens) if self.decode_graphs is not None else None
-            logits = self._logits_graph(plan, size) if size is not None else self._logits_eager(plan)
+            verify_size = None
+            if size is None and self.verify_graphs is not None and plan.sample_counts:
+                verify_size = self.verify_graphs.verify_fits(plan.extend_lens, plan.sample_counts, plan.checkpoints)
+            if size is not None:
+                logits = self._logits_graph(plan, size)
+            elif verify_size is not None:
+                logits = self._logits_verify_graph(plan, verify_size)
+            else:
+                logits = self._logits_eager(plan)
         apply_cache_ops(plan.post_ops, self.req_table, self.state_pool)
         return logits if plan.sample_rows else None
 

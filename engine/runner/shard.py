@@ -70,8 +70,11 @@ class Shard:
         table = RequestRowTable(setup.num_req_rows, setup.max_model_len, self.device)
         graph_batch = decode_graph_max_batch(cfg.enable_cuda_graphs, cfg.cuda_graph_max_batch, setup.num_req_rows,
                                              self.device)
+        spec = cfg.speculative_config
+        verify_q = spec.num_speculative_tokens + 1 if spec is not None and cfg.enable_verify_graphs else 0
         self.runner = ModelRunner(self.model, kv_pool, state_pool, table, self.device, graph_batch,
-                                  warm_up_tokens=cfg.max_num_batched_tokens if cfg.warm_up else 0)
+                                  warm_up_tokens=cfg.max_num_batched_tokens if cfg.warm_up else 0,
+                                  verify_tokens_per_row=verify_q)
 
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         return self.runner.execute(plan)

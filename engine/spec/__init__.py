@@ -22,6 +22,14 @@ How a verify step runs (engine.py `_verify_step`, verify.py)
              skipped; KV pages past the accepted length are freed; a prefix-cache checkpoint
              is taken from the scratch at every interval the accepted tokens reached
 
+Verify graphs. A verify step whose rows all verify the configured K drafts (no prefill chunk,
+no shorter draft) replays a CUDA graph captured per padded batch size
+(engine/runner/cuda_graph.py, `enable_verify_graphs`): batch row b is scratch row b, and the
+state layers take the recurrent kernels' scratch mode (the state after each of the row's first
+K tokens to the scratch, after all K + 1 to the slot) instead of the chunked kernels'
+in-kernel checkpoints; the commit, acceptance and KV release above are the same. Other verify
+steps run eagerly.
+
 Overlap (the decision). The engine queues step N+1 before it reads step N back. The drafters
 here run on the host and need step N's tokens, so a step that speculates first reads back the
 step in flight and is itself read back before the next is planned: while the adaptive depth

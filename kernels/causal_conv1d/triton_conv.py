@@ -10,7 +10,8 @@ parallel). Tap j of token t reads relative position p = t - (K-1) + j::
 With one tile per row the program then writes the new window (the last K-1 inputs) back to
 the pool; with several, a second launch does (every tile must read the old window first).
 In verify mode the window after EVERY token goes to `intermediate_conv_windows[b, step]`
-and the pool is left untouched.
+and the pool is left untouched, unless `update_pool` (then the pool also gets the window
+after the row's last token).
 """
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ def causal_conv1d_varlen(
     block_d: int | None = None,
     block_t: int | None = None,
     num_warps: int | None = None,
+    update_pool: bool | None = None,
 ) -> torch.Tensor:
     """Causal depthwise conv over a varlen batch; decode (1 token per row) and prefill alike.
 
@@ -141,7 +143,8 @@ def causal_conv1d_varlen(
     activation: "silu" / "swish" / None;
     intermediate_conv_windows: optional [B_scratch >= B, S, D, K-1] verify scratch: row b,
     step s receives the window after token s of batch row b (steps >= S are dropped), and
-    conv_states is NOT written;
+    conv_states is NOT written unless update_pool (with a scratch: also write each row's
+    window after its last token to its slot);
     out: optional [T, D] output buffer (last dim contiguous);
     max_seqlen: optional host bound on a row's tokens: long rows are then cut into tiles of
     TOKEN_TILE tokens run in parallel; block_d, block_t, num_warps: tuning.
@@ -173,8 +176,9 @@ def causal_conv1d_varlen(
     if batch == 0 or num_tokens == 0:
         return y
     verify = intermediate_conv_windows is not None
+    write_pool = not verify if update_pool is None else bool(update_pool)
     inter = verify_scratch("intermediate_conv_windows", intermediate_conv_windows, (dim, width - 1), batch,
-                           cu_seqlens, conv_states, last_contiguous=False)
+                           cu_seqlens, conv_states, last_contiguous=False, update_pool=verify and write_pool)
     tokens_per_row = num_tokens / batch
     tiles = 1 if verify or max_seqlen is None else triton.cdiv(max_seqlen, TOKEN_TILE)
     # two shapes only (each is a compiled variant: all are compiled at warm-up, none while
@@ -193,9 +197,9 @@ def causal_conv1d_varlen(
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
         VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d, TILE=TOKEN_TILE if tiles > 1 else 1 << 30,
-        WRITE_WINDOW=not verify and tiles == 1, **({"num_warps": num_warps} if num_warps else {}),
+        WRITE_WINDOW=write_pool and tiles == 1, **({"num_warps": num_warps} if num_warps else {}),
     )
-    if not verify and tiles > 1:
+    if write_pool and tiles > 1:
         _conv_window_kernel[(batch, triton.cdiv(dim, block_d))](
             x, conv_states, state_slots, cu_seqlens, dim, conv_states.shape[0], x.stride(0),
             conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),

@@ -10,7 +10,8 @@ slice S[:, v-block] ([Dk, BV] fp32) in registers for the whole row and per token
 
 The state is read from ssm_states[slot] (zeros for a negative slot) and written back in
 place, or, in verify mode, written after EVERY token to intermediate_states[b, step] with
-the pool left untouched. With FUSED_GATING the program computes g and beta itself from the
+the pool left untouched unless `update_pool` (then the pool also gets the state after the
+row's last token: the scratch keeps the states a rejected draft rolls back to). With FUSED_GATING the program computes g and beta itself from the
 raw projections a, b (as kernels/gated_delta/triton_gating.py does; one launch less per layer).
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ def _gated_delta_recurrent_kernel(
     stride_i_b, stride_i_s, stride_i_h, stride_i_k,
     NUM_V_HEADS: tl.constexpr, HEADS_PER_K: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, VERIFY: tl.constexpr,
-    FUSED_GATING: tl.constexpr,
+    FUSED_GATING: tl.constexpr, WRITE_POOL: tl.constexpr,
 ):
     pid_v, b, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // HEADS_PER_K
@@ -81,7 +82,7 @@ def _gated_delta_recurrent_kernel(
                       + offs_k[:, None] * stride_i_k)
             tl.store(i_ptrs + offs_v[None, :], state.to(inter_ptr.dtype.element_ty), mask=mask_kv & keep)
 
-    if not VERIFY:
+    if WRITE_POOL:
         tl.store(s_ptrs, state.to(states_ptr.dtype.element_ty), mask=mask_kv & has_state)
 
 
@@ -90,6 +91,7 @@ def gated_delta_rule_recurrent(
     state_slots: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = True,
     intermediate_states: torch.Tensor | None = None, out: torch.Tensor | None = None, block_v: int | None = None,
     num_warps: int | None = None, gating: tuple[torch.Tensor, torch.Tensor] | None = None,
+    update_pool: bool | None = None,
 ) -> torch.Tensor:
     """Gated delta rule over a varlen batch, token by token (decode, verify, short prefill).
 
@@ -101,7 +103,8 @@ def gated_delta_rule_recurrent(
     scale: default Dk**-0.5; use_qk_l2norm: L2-normalise q and k (eps 1e-6) first;
     intermediate_states: optional [B_scratch >= B, S, HV, Dk, Dv] verify scratch: [b, s]
     receives the state after token s of batch row b (steps >= S dropped), the pool is NOT
-    written; out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
+    written unless update_pool; update_pool: with a scratch, also write each row's final
+    state to its slot (default: only without a scratch); out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
     dims per program, 4 warps); gating: optional (A_log [HV], dt_bias [HV]): then g and beta
     are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself.
     Returns o: [T, HV, Dv] in v's dtype.
@@ -135,8 +138,9 @@ def gated_delta_rule_recurrent(
     o = out if out is not None else torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
     check_tensor("out", o, ndim=3, shape=(num_tokens, num_v_heads, dv), dtypes=FLOAT_DTYPES, device=q.device)
     verify = intermediate_states is not None
+    write_pool = not verify if update_pool is None else bool(update_pool)
     inter = verify_scratch("intermediate_states", intermediate_states, (num_v_heads, dk, dv), batch, cu_seqlens,
-                           ssm_states)
+                           ssm_states, update_pool=verify and write_pool)
     if verify and inter.stride(3) != dv and dk > 1:
         raise ValueError(f"intermediate_states must have contiguous [Dk, Dv], got strides {inter.stride()}")
     if batch == 0 or num_tokens == 0:
@@ -156,6 +160,6 @@ def gated_delta_rule_recurrent(
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         NUM_V_HEADS=num_v_heads, HEADS_PER_K=num_v_heads // num_k_heads, DK=dk, DV=dv,
         BK=block_k, BV=block_v, USE_L2NORM=use_qk_l2norm, VERIFY=verify, FUSED_GATING=gating is not None,
-        num_warps=num_warps,
+        WRITE_POOL=write_pool, num_warps=num_warps,
     )
     return o

@@ -9,7 +9,8 @@ keeps S[p-block, :] ([BP, N] fp32) in registers for the whole row and per token 
 
 The state is read from ssm_states[slot] (zeros for a negative slot) and written back in
 place, or, in verify mode, written after EVERY token to intermediate_states[b, step] with
-the pool left untouched.
+the pool left untouched unless `update_pool` (then the pool also gets the state after the
+row's last token).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def _selective_state_update_kernel(
     stride_i_b, stride_i_s, stride_i_h, stride_i_p,
     HEADS_PER_GROUP: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, VERIFY: tl.constexpr,
+    WRITE_POOL: tl.constexpr,
 ):
     pid_p, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     grp = h // HEADS_PER_GROUP
@@ -76,7 +78,7 @@ def _selective_state_update_kernel(
                       + offs_p[:, None] * stride_i_p + offs_n[None, :])
             tl.store(i_ptrs, state.to(inter_ptr.dtype.element_ty), mask=mask_pn & keep)
 
-    if not VERIFY:
+    if WRITE_POOL:
         tl.store(s_ptrs, state.to(states_ptr.dtype.element_ty), mask=mask_pn & has_state)
 
 
@@ -85,6 +87,7 @@ def selective_state_update_varlen(
     dt_bias: torch.Tensor | None, ssm_states: torch.Tensor, state_slots: torch.Tensor, cu_seqlens: torch.Tensor,
     dt_softplus: bool = True, dt_limit: tuple[float, float] = (0.0, float("inf")), out_dtype: torch.dtype | None = None,
     intermediate_states: torch.Tensor | None = None, out: torch.Tensor | None = None,
+    update_pool: bool | None = None,
 ) -> torch.Tensor:
     """Mamba2 SSM recurrence over a varlen batch, token by token, state in the pool.
 
@@ -95,8 +98,8 @@ def selective_state_update_varlen(
     slot starts from zeros and writes nothing; cu_seqlens: [B+1] int32/int64;
     dt_limit: (lo, hi) clamp after softplus; out_dtype: default x's dtype;
     intermediate_states: optional [B_scratch >= B, S, H, P, N] verify scratch: [b, s] gets
-    the state after token s of row b (steps >= S dropped), the pool is NOT written;
-    out: optional [T, H, P] buffer. All math in fp32. Returns y: [T, H, P].
+    the state after token s of row b (steps >= S dropped), the pool is NOT written unless
+    update_pool (with a scratch: also write each row's final state to its slot); out: optional [T, H, P] buffer. All math in fp32. Returns y: [T, H, P].
     """
     check_launch_device("selective_state_update_varlen", x)
     check_tensor("x", x, ndim=3, dtypes=FLOAT_DTYPES)
@@ -124,8 +127,9 @@ def selective_state_update_varlen(
     y = out if out is not None else torch.empty((num_tokens, num_heads, head_dim), dtype=out_dtype, device=x.device)
     check_tensor("out", y, ndim=3, shape=(num_tokens, num_heads, head_dim), dtypes=FLOAT_DTYPES, device=x.device)
     verify = intermediate_states is not None
+    write_pool = not verify if update_pool is None else bool(update_pool)
     inter = verify_scratch("intermediate_states", intermediate_states, (num_heads, head_dim, d_state), batch,
-                           cu_seqlens, ssm_states)
+                           cu_seqlens, ssm_states, update_pool=verify and write_pool)
     if batch == 0 or num_tokens == 0:
         return y
     block_n = next_pow2(d_state)
@@ -140,6 +144,6 @@ def selective_state_update_varlen(
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         HEADS_PER_GROUP=num_heads // num_groups, P=head_dim, N=d_state, BP=block_p, BN=block_n,
         HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus, VERIFY=verify,
-        num_warps=4 if block_p * block_n >= 2048 else 1,
+        WRITE_POOL=write_pool, num_warps=4 if block_p * block_n >= 2048 else 1,
     )
     return y

@@ -157,15 +157,29 @@ STATE_CHUNK = 64  # tokens per chunk of the chunked kernels
 
 
 def _chunked(fb: ForwardBatch) -> bool:
-    return fb.max_extend_len > RECURRENT_MAX_TOKENS or bool(fb.checkpoints)
+    return fb.max_extend_len > RECURRENT_MAX_TOKENS or (bool(fb.checkpoints) and not fb.spec_scratch_steps)
+
+
+def _verify_kwargs(fb: ForwardBatch, ssm_states: torch.Tensor) -> dict:
+    """A recurrent state kernel's scratch mode for a verify batch in scratch order
+    (fb.spec_scratch_steps): the layer's scratch rows get the states after each of a row's
+    first K tokens, the slot the state after all K + 1. Otherwise nothing (in place)."""
+    if not fb.spec_scratch_steps:
+        return {}
+    return dict(intermediate_states=fb.state_pool.layer_scratch(ssm_states), update_pool=True)
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor,
                   fb: ForwardBatch, activation: str | None) -> torch.Tensor:
     """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place; checkpoint
     slots of fb.checkpoints receive the windows at their positions) -> y: [T, D]."""
+    if fb.spec_scratch_steps and use_triton(x):  # verify batch in scratch order: windows to the scratch
+        return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
+                                          intermediate_conv_windows=fb.state_pool.layer_scratch(conv_states),
+                                          update_pool=True)
     if fb.checkpoints:  # (checkpoints come with a plan: its host lists, no sync)
-        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.plan.cu_seqlens, fb.checkpoints,
+        cu = fb.plan.cu_seqlens if fb.plan is not None else fb.host.cu_seqlens  # (no plan: a graph-shaped batch, CPU)
+        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, cu, fb.checkpoints,
                                     fb.conv_snapshot_index(conv_states.shape[-1]))
     if use_triton(x):
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
@@ -191,7 +205,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
                                                  fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm)
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
-                                               use_qk_l2norm=use_qk_l2norm)
+                                               use_qk_l2norm=use_qk_l2norm, **_verify_kwargs(fb, ssm_states))
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
                                             use_qk_l2norm=use_qk_l2norm, checkpoints=fb.checkpoints)
 
@@ -204,7 +218,8 @@ def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch
     The recurrent kernel computes the gates itself (one launch)."""
     if use_triton(q) and not _chunked(fb):
         return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
-                                               use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias))
+                                               use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias),
+                                               **_verify_kwargs(fb, ssm_states))
     g, beta = gdn_gating(a, b, A_log, dt_bias)
     return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm)
 
@@ -222,7 +237,7 @@ def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
             return _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
                                     fb.chunk_table(STATE_CHUNK), **kwargs)
         return _ssm.selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
-                                                  fb.cu_seqlens, **kwargs)
+                                                  fb.cu_seqlens, **kwargs, **_verify_kwargs(fb, ssm_states))
     return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.host.state_slots,
                                                   fb.host.cu_seqlens, checkpoints=fb.checkpoints, **kwargs)
 

@@ -262,3 +262,27 @@ def test_suffix_drafter_with_an_attached_index(baseline):
     stats = llm.engine.stats()
     assert stats["spec_accepted_tokens"] >= 0.8 * stats["spec_draft_tokens"] > 0
     llm.engine.cache.check_empty()
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "lfm2", "nemotron_h"])
+def test_verify_graph_path_keeps_greedy_output(family, baseline):
+    """Verify steps whose rows all carry K drafts take the verify-graph path (on CPU the graph's
+    function runs eagerly on its static buffers: padded rows, batch row = scratch row; the
+    recurrent kernels' scratch mode is checked against the reference in tests/kernels and
+    through captured graphs in tests/gpu/test_spec_gpu.py), the others the eager path; greedy
+    output equals no speculation, and pools are empty after."""
+    model_dir, prompts, want = baseline(family)
+    k = 3
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=dict(_synthetic(prompts, want, k=k), vary_length=False)))
+    runner = llm.engine.runner
+    graphs = runner.use_verify_graphs(4, k + 1)
+    assert graphs.sizes == [1, 2, 3]  # capped at the scratch's rows (one per running request)
+    graphs.sizes = [2, 3]  # so that a step of one verifying row runs padded
+    sizes, run = [], graphs.run
+    graphs.run = lambda meta: sizes.append(len(meta) // (2 + k + 1)) or run(meta)
+    assert _tokens(llm.generate(prompts, GREEDY)) == want
+    assert runner.num_verify_graph_steps == len(sizes) > 0
+    assert set(sizes) == {2, 3}
+    stats = llm.engine.stats()
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+    llm.engine.cache.check_empty()

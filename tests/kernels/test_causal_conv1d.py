@@ -135,3 +135,23 @@ def test_conv_serving_shapes_gpu(batch, tokens_per_row):
     got, want, pool, pool_ref = _run_both(lens, slots, dim, 4, torch.bfloat16, False, "silu", "cuda", batch + 2)
     assert rel_err(got.float().cpu(), want.float().cpu()) < 1e-2
     assert torch.equal(pool.nan_to_num().cpu(), pool_ref.nan_to_num().cpu())
+
+
+def test_conv_verify_with_pool_update_keeps_all_but_the_last_window_and_updates_the_slot():
+    lens, slots = [3, 1, 4], [4, -1, 1]
+    dim, width = 8, 4
+    x, w, b, pool = _setup(lens, slots, dim, width, torch.float32, False)
+    slots_t = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    plain_pool, verify_pool, both_pool = pool.clone(), pool.clone(), pool.clone()
+    want_y = causal_conv1d_varlen(x, w, b, plain_pool, slots_t, cu_seqlens(lens), "silu")
+    full = torch.full((3, 4, dim, width - 1), float("nan"), device=DEVICE)
+    causal_conv1d_varlen(x, w, b, verify_pool, slots_t, cu_seqlens(lens), "silu", intermediate_conv_windows=full)
+    scratch = torch.full((3, 3, dim, width - 1), float("nan"), device=DEVICE)
+    y = causal_conv1d_varlen(x, w, b, both_pool, slots_t, cu_seqlens(lens), "silu", intermediate_conv_windows=scratch,
+                             update_pool=True)
+    assert torch.equal(y, want_y)
+    assert torch.equal(both_pool.nan_to_num(), plain_pool.nan_to_num())
+    assert torch.equal(both_pool.isnan(), plain_pool.isnan())
+    for row, n in enumerate(lens):
+        assert torch.equal(scratch[row, : min(n, 3)], full[row, : min(n, 3)])
+        assert torch.isnan(scratch[row, n:]).all()

@@ -146,3 +146,24 @@ def test_gdn_gating_matches_ref(dtype):
     assert got_g.dtype == torch.float32 and got_beta.dtype == dtype
     assert rel_err(got_g, want_g) < 1e-6
     assert rel_err(got_beta.float(), want_beta.float()) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def test_gdn_verify_with_pool_update_keeps_all_but_the_last_step_and_updates_the_slot():
+    """update_pool: the scratch holds the states after each token but a row's last (the ones a
+    rejected draft rolls back to), the slot the state after all of them (the fully accepted
+    case), exactly as a plain run and a verify-only run give them."""
+    lens, slots, H, HV, Dk, Dv = [3, 1, 4], [2, 5, -1], 1, 2, 8, 8
+    q, k, v, gate, beta, pool = _inputs(lens, slots, H, HV, Dk, Dv, torch.float32, 6)
+    slots_t = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    plain_pool, verify_pool, both_pool = pool.clone(), pool.clone(), pool.clone()
+    want_o = gated_delta_rule_recurrent(q, k, v, gate, beta, plain_pool, slots_t, cu_seqlens(lens))
+    full = torch.full((3, 4, HV, Dk, Dv), float("nan"), device=DEVICE)
+    gated_delta_rule_recurrent(q, k, v, gate, beta, verify_pool, slots_t, cu_seqlens(lens), intermediate_states=full)
+    scratch = torch.full((3, 3, HV, Dk, Dv), float("nan"), device=DEVICE)  # one step fewer than the longest row
+    o = gated_delta_rule_recurrent(q, k, v, gate, beta, both_pool, slots_t, cu_seqlens(lens),
+                                   intermediate_states=scratch, update_pool=True)
+    assert torch.equal(o, want_o)
+    assert torch.equal(both_pool.nan_to_num(), plain_pool.nan_to_num())
+    for row, n in enumerate(lens):
+        assert torch.equal(scratch[row, : min(n, 3)], full[row, : min(n, 3)])
+        assert torch.isnan(scratch[row, n:]).all()

@@ -105,3 +105,22 @@ def test_ssm_serving_shapes_gpu(lens):
     slots = list(range(1, len(lens) + 1))
     _check(lens, slots, 64, 8, 64, 128, torch.bfloat16, 2e-2, device="cuda", num_slots=len(lens) + 1,
            out_dtype=torch.float32)
+
+
+def test_ssm_verify_with_pool_update_keeps_all_but_the_last_step_and_updates_the_slot():
+    lens, slots, H, G, P, N = [3, 1, 4], [2, 5, -1], 2, 1, 4, 8
+    x, dt, A, B, C, D, dt_bias, pool = _inputs(lens, slots, H, G, P, N, torch.float32, 6)
+    slots_t = torch.tensor(slots, dtype=torch.int32, device=DEVICE)
+    plain_pool, verify_pool, both_pool = pool.clone(), pool.clone(), pool.clone()
+    want_y = selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, plain_pool, slots_t, cu_seqlens(lens))
+    full = torch.full((3, 4, H, P, N), float("nan"), device=DEVICE)
+    selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, verify_pool, slots_t, cu_seqlens(lens),
+                                  intermediate_states=full)
+    scratch = torch.full((3, 3, H, P, N), float("nan"), device=DEVICE)
+    y = selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, both_pool, slots_t, cu_seqlens(lens),
+                                      intermediate_states=scratch, update_pool=True)
+    assert torch.equal(y, want_y)
+    assert torch.equal(both_pool.nan_to_num(), plain_pool.nan_to_num())
+    for row, n in enumerate(lens):
+        assert torch.equal(scratch[row, : min(n, 3)], full[row, : min(n, 3)])
+        assert torch.isnan(scratch[row, n:]).all()
