@@ -36,28 +36,49 @@ from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launc
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["num_tokens"])
 def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, stride_l,
-                         TOP_K: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr, RENORMALIZE: tl.constexpr):
+                         TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
+                         RENORMALIZE: tl.constexpr):
+    """BT tokens' rows [BT, BE] in registers: fp32 softmax, then TOP_K rounds of one max over
+    packed int64 keys (prob bits << 32 | BE-1-expert: the highest prob, the lowest id among equal
+    probs, in a single reduction), the winner struck out. Weights and ids stay in registers
+    ([BT, KP]) and are stored once, weights in w_ptr's dtype (the logits')."""
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     offs_e = tl.arange(0, BE)
     row_ok = rows < num_tokens
-    mask = row_ok[:, None] & (offs_e < num_experts)[None, :]
+    col_ok = offs_e < num_experts
+    mask = row_ok[:, None] & col_ok[None, :]
     logits = tl.load(logits_ptr + rows[:, None].to(tl.int64) * stride_l + offs_e[None, :], mask=mask,
                      other=float("-inf")).to(tl.float32)
     logits = tl.where(row_ok[:, None], logits, 0.0)  # padding rows: finite, never stored
     probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
     probs = probs / tl.sum(probs, axis=1)[:, None]
+    # probs >= +0, so their fp32 bits order as int32 like the values do
+    bits = probs.to(tl.int32, bitcast=True).to(tl.int64)
+    keys = (bits << 32) | (BE - 1 - offs_e).to(tl.int64)[None, :]
+    keys = tl.where(col_ok[None, :], keys, -1)  # below every expert, a zero prob included
+    offs_k = tl.arange(0, KP)
+    w_out = tl.zeros([BT, KP], dtype=tl.float32)
+    id_out = tl.zeros([BT, KP], dtype=tl.int64)
     total = tl.zeros([BT], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
-        best = tl.argmax(probs, axis=1, tie_break_left=True)  # [BT]
-        w = tl.max(probs, axis=1)
-        total += w
-        tl.store(w_ptr + rows * TOP_K + k, w, mask=row_ok)
-        tl.store(ids_ptr + rows * TOP_K + k, best.to(tl.int64), mask=row_ok)
-        probs = tl.where(offs_e[None, :] == best[:, None], -1.0, probs)
+        best = tl.max(keys, axis=1)  # [BT]
+        w = (best >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+        total += w  # slot order, as before
+        w_out = tl.where(offs_k[None, :] == k, w[:, None], w_out)
+        id_out = tl.where(offs_k[None, :] == k, (BE - 1 - (best & 0xFFFFFFFF))[:, None], id_out)
+        keys = tl.where(keys == best[:, None], -1, keys)
     if RENORMALIZE:
-        for k in tl.static_range(TOP_K):
-            w = tl.load(w_ptr + rows * TOP_K + k, mask=row_ok, other=0.0)
-            tl.store(w_ptr + rows * TOP_K + k, w / total, mask=row_ok)
+        w_out = w_out / total[:, None]
+    out_mask = row_ok[:, None] & (offs_k < TOP_K)[None, :]
+    out_offs = rows[:, None].to(tl.int64) * TOP_K + offs_k[None, :]
+    tl.store(w_ptr + out_offs, w_out.to(w_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(ids_ptr + out_offs, id_out, mask=out_mask)
+
+
+def topk_softmax_launch_config(num_experts: int) -> tuple[int, int]:
+    """(tokens per program, warps) of moe_topk_softmax: one token per program whatever the
+    token count (no per-step variant), about 4 experts per thread."""
+    return 1, max(1, min(8, next_pow2(num_experts) // 128))
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -115,21 +136,22 @@ def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, we
 def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
-    Softmax in fp32 over all experts, top k (lowest id first on ties), optional renormalise."""
+    Softmax in fp32 over all experts, top k (lowest id first on ties), optional renormalise
+    (in fp32, then one rounding to the logits' dtype)."""
     check_launch_device("moe_topk_softmax", router_logits)
     check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
     num_tokens, num_experts = router_logits.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
-    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=router_logits.device)
+    weights = torch.empty(num_tokens, top_k, dtype=router_logits.dtype, device=router_logits.device)
     ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=router_logits.device)
     if num_tokens:
-        block_e = next_pow2(num_experts)
-        block_t = max(1, min(16, 4096 // block_e))
+        block_t, num_warps = topk_softmax_launch_config(num_experts)
         _topk_softmax_kernel[(triton.cdiv(num_tokens, block_t),)](
             router_logits, weights, ids, num_tokens, num_experts, router_logits.stride(0),
-            TOP_K=top_k, BE=block_e, BT=block_t, RENORMALIZE=renormalize)
-    return weights.to(router_logits.dtype), ids
+            TOP_K=top_k, KP=next_pow2(top_k), BE=next_pow2(num_experts), BT=block_t, RENORMALIZE=renormalize,
+            num_warps=num_warps)
+    return weights, ids
 
 
 @triton.jit

@@ -24,6 +24,68 @@ def test_topk_softmax(renormalize, num_experts, top_k):
     assert rel_err(w.cpu(), want_w) < 1e-6
 
 
+def _topk_lowest_id_first(logits: torch.Tensor, top_k: int, renormalize: bool):
+    """The kernel's contract: ref.py's softmax / renormalisation, ties broken towards the lower
+    expert id (torch.topk leaves that order open: on CPU it need not be the lower id)."""
+    probs = torch.softmax(logits.float().cpu(), dim=-1)
+    weights, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    weights, ids = weights[:, :top_k], ids[:, :top_k]
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights.to(logits.dtype), ids
+
+
+def _check_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> None:
+    w, ids = moe_topk_softmax(logits, top_k, renormalize)
+    assert w.dtype == logits.dtype and ids.dtype == torch.int64
+    assert w.shape == ids.shape == (logits.shape[0], top_k)
+    want_w, want_ids = _topk_lowest_id_first(logits, top_k, renormalize)
+    assert torch.equal(ids.cpu(), want_ids)
+    # the reference's weights (its id order may differ on ties, its values may not)
+    ref_w, _ = moe_topk_softmax_ref(logits.cpu(), top_k, renormalize)
+    assert torch.equal(ref_w, want_w) or logits.device.type == "cuda"
+    if logits.dtype == torch.float32:
+        assert rel_err(w.cpu(), ref_w) < 1e-6
+    else:  # one rounding of (nearly) the same fp32 value: at most one ulp apart
+        assert ((w.cpu().float() - ref_w.float()).abs() <= 2.0 ** -7 * ref_w.float().abs()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tokens", [1, 7, pytest.param(300, marks=pytest.mark.slow)], ids=["t1", "t7", "t300"])
+@pytest.mark.parametrize("num_experts,top_k", [(512, 10), (128, 8), (64, 4)], ids=["e512k10", "e128k8", "e64k4"])
+def test_topk_softmax_model_shapes(num_experts, top_k, tokens, dtype):
+    """Qwen3-Next (512 / 10), Qwen3-MoE (128 / 8) and small (64 / 4) routers at decode and prefill
+    row counts; bf16 logits tie often (8-bit mantissa), so the lower-id rule is exercised.
+    300 rows take ~10 s a call under the interpreter: there, one renormalise setting each."""
+    logits = (2 * torch.randn(tokens, num_experts, generator=torch.Generator().manual_seed(tokens))).to(dtype)
+    both = tokens < 100 or DEVICE == "cuda"
+    for renormalize in (True, False) if both else (dtype == torch.float32,):
+        _check_topk(logits.to(DEVICE), top_k, renormalize)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_topk_softmax_ties(dtype):
+    """Exact ties everywhere (integer logits in [-2, 2]), an all-equal row (ids 0..k-1, weights
+    1/E or 1/k), a row whose top values tie across the k boundary, -inf logits, and a row with
+    a stride (a view into a wider tensor)."""
+    g = torch.Generator().manual_seed(7)
+    E, K = 512, 10
+    logits = torch.randint(-2, 3, (6, E), generator=g).float()
+    logits[1] = 0.0
+    logits[2] = -1.0
+    logits[2, [500, 3, 77, 400, 9, 11, 300, 2, 256, 128, 64, 511]] = 1.0  # 12 tied for 10 slots
+    logits[3, :E - 3] = float("-inf")  # only 3 finite: the rest are zero probabilities
+    wide = torch.zeros(6, E + 64)
+    wide[:, :E] = logits
+    logits = wide[:, :E]  # row stride E + 64
+    for renormalize in (True, False):
+        _check_topk(logits.to(dtype).to(DEVICE), K, renormalize)
+    w, ids = moe_topk_softmax(logits.to(dtype).to(DEVICE), K, True)
+    assert ids[1].tolist() == list(range(K)) and ids[2].tolist() == [2, 3, 9, 11, 64, 77, 128, 256, 300, 400]
+    assert ids[3, :3].tolist() == [E - 3, E - 2, E - 1] and ids[3, 3:].tolist() == list(range(K - 3))
+    assert torch.all(w[1].float() == 0.1) if dtype == torch.float32 else torch.allclose(w[1].float(), w[1, :1].float())
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("tokens", [1, 7], ids=["decode1", "batch7"])
 def test_fused_moe_matches_ref(dtype, tol, tokens):
