@@ -12,7 +12,9 @@ K = 4 fixed. Dummy weights give near-tie next-token distributions, where bf16 ro
 verify kernels vs the decode kernels flips greedy tokens and the speculative run leaves the
 plain run's path (then the drafter's "true continuation" is wrong): the LM head is sharpened
 (`--sharpen`, x16 as benchmarks/bf16_agreement.py) so distributions are peaked as in trained
-models. Writes one JSON per metric (metric, value, baseline, device, commit, date).
+models; and at fixed K the drafter proposes the verify path's own greedy continuation
+(`--continuation verify`: a run with acceptance 0 first), so that its per-token acceptance is
+the configured one. Writes one JSON per metric (metric, value, baseline, device, commit, date).
 """
 from __future__ import annotations
 
@@ -45,6 +47,37 @@ def decode_rate(llm: LLM, prompts: list[list[int]], tokens: int) -> tuple[float,
     return len(prompts) * (tokens - 1) / decode_s, [o.outputs[0].token_ids for o in outs], wall
 
 
+def step_breakdown(llm: LLM, prompts: list[list[int]], tokens: int) -> dict:
+    """Median wall time of a decode-phase step against the GPU time of its forward (CUDA events
+    around the shard's execute) and the host time of the execute call: where a verify step
+    goes beyond its graph."""
+    engine = llm.engine
+    engine.step_timings, walls, real_step = [], [], engine.step
+
+    def timed():
+        n = len(engine.step_timings)
+        t = time.perf_counter()
+        out = real_step()
+        walls.append((time.perf_counter() - t, n))
+        return out
+
+    engine.step = timed
+    decode_rate(llm, prompts, tokens)
+    del engine.step
+    torch.cuda.synchronize()
+    rows = []
+    for wall, n in walls[len(walls) // 3:]:  # past the prefill
+        if len(engine.step_timings) > n:
+            t = engine.step_timings[n]
+            rows.append((wall * 1e3, t["events"][0].elapsed_time(t["events"][1]), t["execute_ms"]))
+    engine.step_timings = None
+    med = lambda i: sorted(r[i] for r in rows)[len(rows) // 2] if rows else float("nan")  # noqa: E731
+    out = {"steps": len(rows), "median_wall_ms": med(0), "median_forward_gpu_ms": med(1),
+           "median_execute_host_ms": med(2)}
+    print("step breakdown:", json.dumps(out), flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="qwen3_5_2p3b")
@@ -56,6 +89,10 @@ def main() -> int:
     ap.add_argument("--sharpen", type=float, default=16.0, help="LM-head weight multiplier (1: none)")
     ap.add_argument("--dtype", default="bfloat16", help="bfloat16, or float32 (verify and decode kernels then "
                     "agree to rounding, so the plain run's continuation stays the true one)")
+    ap.add_argument("--continuation", default="verify", choices=["verify", "plain"],
+                    help="what the synthetic drafter proposes at fixed K: the verify path's own greedy tokens "
+                         "(a run with acceptance 0 first) or the plain run's")
+    ap.add_argument("--breakdown", action="store_true", help="wall vs GPU time of the first batch size's steps")
     ap.add_argument("--verify-graphs", type=int, default=1, help="verify steps through CUDA graphs (1) or eagerly (0)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -85,6 +122,16 @@ def main() -> int:
         spec.engine.model.lm_head.weight.data.mul_(args.sharpen)
         decode_rate(spec, prompts[runs[0]][:1], 8)
         for batch in runs:
+            if not adaptive and args.continuation == "verify":
+                # the verify path's own greedy continuation (all drafts wrong: every step a verify
+                # step of K+1 tokens per row), which a run at any acceptance computes with the
+                # same kernels and shapes: on dummy bf16 weights the plain run's tokens are not
+                # that continuation (near ties round differently in verify and decode kernels)
+                drafter = spec.engine.spec.drafter
+                drafter.acceptance_rate = 0.0
+                own = decode_rate(spec, prompts[batch], args.tokens)[1]
+                drafter.continuations.update({tuple(p): w for p, w in zip(prompts[batch], own)})
+                drafter.acceptance_rate = args.acceptance
             before = spec.engine.stats()
             graph_steps = spec.engine.runner.num_verify_graph_steps if spec.engine.runner is not None else 0
             spec_rate, got, _ = decode_rate(spec, prompts[batch], args.tokens)
@@ -104,8 +151,11 @@ def main() -> int:
                        workload=f"{args.model} dummy {args.dtype}, {batch} prompts x {args.prompt} tokens, {args.tokens} "
                                 f"greedy tokens, synthetic drafter acceptance {args.acceptance}, K={args.k}"
                                 + (" adaptive" if adaptive else " fixed") + f", LM head x{args.sharpen:g}"
-                                + (", verify graphs" if args.verify_graphs else ", verify eager"),
+                                + (", verify graphs" if args.verify_graphs else ", verify eager")
+                                + ("" if adaptive else f", drafts from the {args.continuation} run's continuation"),
                        baseline="no speculation, same engine settings, same run")
+            if args.breakdown and batch == runs[0]:
+                row["step_breakdown"] = step_breakdown(spec, prompts[batch], 48)
             rows.append(row)
             print(json.dumps(row), flush=True)
         del spec

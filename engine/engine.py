@@ -78,6 +78,7 @@ class LLMEngine:
             channel.send(self.pool_setup)
         self.shard.build_pools(self.pool_setup)
         self.runner = self.shard.runner
+        self.real_draft_counts: dict = {}  # this verify step's drafts as proposed (before padding)
         # start-up, in seconds: this rank's load, waiting for the other ranks' loads, pools + warm-up + graphs
         self.startup_seconds = {"load_shard": t1 - t0, "wait_other_ranks": t2 - t1,
                                 "pools_warm_up_graphs": time.perf_counter() - t2}
@@ -109,6 +110,12 @@ class LLMEngine:
                 config.speculative_config.verify_rows(config.max_num_seqs)
             self.spec = SpecDecoder(config.speculative_config, int(self.hf_config.vocab_size), rows,
                                     self.device.type, target_config=config, max_model_len=self.limits.max_model_len)
+
+    @property
+    def verify_graph_k(self) -> int:
+        """Drafts per row of the verify graphs' steps (0: no verify graphs)."""
+        graphs = getattr(self.runner, "verify_graphs", None)
+        return graphs.tokens_per_row - 1 if graphs is not None else 0
 
     @property
     def max_model_len(self) -> int:
@@ -224,6 +231,27 @@ class LLMEngine:
         candidates = [r for r in running if r.num_tokens_to_compute == 1 and not r.sampled_last_token]
         return self.spec.wants_drafts(candidates, len(running))
 
+    def _pad_drafts_for_graphs(self, drafts: dict, decode_rows: list[Request]) -> dict:
+        """Verify graphs replay steps whose rows all verify exactly K drafts (cuda_graph.py).
+        When some decoding row has drafts, give every decoding row K: shorter proposals (a
+        drafter's short guess, K capped by max_tokens) and rows without one are padded with
+        a repeat of their last token. A padding token is verified like any draft: kept only
+        where the target itself produces it (so outputs are unchanged, at any temperature),
+        and past max_tokens or a stop nothing is kept; the acceptance counters and the
+        adaptive depth see only the real drafts (`real_draft_counts`). No padding when the
+        rows would not fit a graph (more rows than the scratch, or a context at its limit)."""
+        k = self.verify_graph_k
+        graphs = self.runner.verify_graphs
+        if not drafts or len(decode_rows) > min(self.spec.max_verify_rows, graphs.sizes[-1]):
+            return drafts
+        padded = {}
+        for req in decode_rows:
+            if req.num_computed_tokens + k >= self.max_model_len:  # the drafts' positions must fit
+                return drafts
+            real = drafts.get(req, [])
+            padded[req] = real + [real[-1] if real else req.token_ids[-1]] * (k - len(real))
+        return padded
+
     def _timed(self, speculative: bool, run, *args) -> list[Request]:
         """Run a step; report decode-only steps' output tokens and time (from the previous
         step's end) to the adaptive depth, so it can compare speculation with none."""
@@ -244,8 +272,12 @@ class LLMEngine:
         planned (no overlap while speculating: engine/spec/__init__.py)."""
         outputs = self._complete(self._inflight) if self._inflight is not None else []
         self._inflight = None
-        candidates = set(self.scheduler.decode_candidates())
+        decode_rows = self.scheduler.decode_candidates()
+        candidates = set(decode_rows)
         drafts = self.spec.propose({r: k for r, k in wanted.items() if r in candidates})
+        self.real_draft_counts = {r: len(d) for r, d in drafts.items()}
+        if self.verify_graph_k:
+            drafts = self._pad_drafts_for_graphs(drafts, decode_rows)
         chunks = self.scheduler.schedule(drafts)
         launched = self._launch(chunks)
         self.scheduler.after_step(chunks)

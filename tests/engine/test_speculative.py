@@ -286,3 +286,31 @@ def test_verify_graph_path_keeps_greedy_output(family, baseline):
     stats = llm.engine.stats()
     assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
     llm.engine.cache.check_empty()
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h"])
+def test_padded_drafts_fill_verify_graphs_and_keep_output(family, baseline):
+    """With verify graphs, a decode step where some row has drafts gives every decoding row K
+    (short proposals, rows capped by max_tokens and rows without a guess padded with a repeated
+    token): the steps after the prompts are all graph steps, outputs stay those of no
+    speculation (greedy here; padding is verified like any draft), and the acceptance counters
+    count the real drafts only."""
+    model_dir, prompts, want = baseline(family)
+    k = 3
+    llm = LLM(model=model_dir, **_engine_args(speculative_config=_synthetic(prompts, want, k=k, seed=3)))  # random lengths
+    runner = llm.engine.runner
+    runner.use_verify_graphs(4, k + 1)
+    proposed, real_propose = [], llm.engine.spec.propose
+
+    def propose(wanted):
+        out = real_propose(wanted)
+        proposed.append(sum(len(d) for d in out.values()))
+        return out
+
+    llm.engine.spec.propose = propose
+    assert _tokens(llm.generate(prompts, GREEDY)) == want
+    stats = llm.engine.stats()
+    assert stats["spec_draft_tokens"] == sum(proposed)  # padding not counted as drafts
+    assert runner.num_verify_graph_steps > 0
+    assert stats["spec_verify_rows"] > 0
+    llm.engine.cache.check_empty()
