@@ -60,9 +60,18 @@ class AppConfig:
     router_stats_period_s: float = 1.0  # how often replicas report load and cache events to routers
     enable_log_requests: bool = False  # Ray Serve's access log lines (one per request per hop); prompts never
     autoscaling_config: dict[str, Any] | None = None  # Serve autoscaling of the engine replicas, instead of `replicas`
+    # Streaming. A request's first token and its end go out at once; in between, its replica
+    # sends its new tokens as one message (one SSE chunk of one event per engine step) when
+    # there are at least `stream_interval` of them (SGLang's --stream-interval; 1: each token)
+    # and at least (the replica's streams / stream_max_messages_per_s) seconds have passed since
+    # the stream's last message: under load, each message of Serve's path (replica -> ingress
+    # -> HTTP proxy, each ~0.5 ms of a core) carries several tokens instead of one; alone (1
+    # stream: 1 ms) every token goes out as it is made. 0: no budget (a message per token).
+    stream_interval: int = 1
+    stream_max_messages_per_s: float = 1000.0
 
     def __post_init__(self) -> None:
-        for name in ("tp", "replicas", "max_body_bytes", *_QUEUE_BOUNDS):
+        for name in ("tp", "replicas", "max_body_bytes", "stream_interval", *_QUEUE_BOUNDS):
             value = getattr(self, name)
             if value is None and name in _QUEUE_BOUNDS:
                 continue
@@ -74,6 +83,9 @@ class AppConfig:
             raise ValueError(f"router must be 'pow2' or 'prefix', got {self.router!r}")
         if not self.router_stats_period_s > 0:
             raise ValueError(f"router_stats_period_s must be > 0, got {self.router_stats_period_s!r}")
+        if not (isinstance(self.stream_max_messages_per_s, (int, float)) and not isinstance(
+                self.stream_max_messages_per_s, bool) and self.stream_max_messages_per_s >= 0):
+            raise ValueError(f"stream_max_messages_per_s must be a number >= 0, got {self.stream_max_messages_per_s!r}")
         if not self.metrics_push_interval_s > 0:
             raise ValueError(f"metrics_push_interval_s must be > 0, got {self.metrics_push_interval_s!r}")
         if self.device.split(":")[0] not in ("cpu", "cuda"):

@@ -43,6 +43,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-log-requests", action="store_true",
                    help="Ray Serve's access log, a line per request (method, route, status, latency; never the "
                         "prompt) (default: off)")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="between a request's first token and its end, stream its tokens N at a time, each batch "
+                        "as one message (SGLang's and vLLM's flag)")
+    p.add_argument("--stream-max-messages-per-s", type=float, default=1000.0,
+                   help="stream messages per second an engine replica aims to stay under, all its streams "
+                        "together: a stream's tokens wait up to (its streams / this) seconds after its last "
+                        "message, then go out as one (1 ms for a lone stream, so every token at once; 256 "
+                        "streams: 256 ms); 0: a message per token however many streams")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
 
 
@@ -52,7 +60,9 @@ def app_args(args: argparse.Namespace) -> dict:
            "chat_template": args.chat_template, "served_model_name": args.served_model_name, "tp": args.tp,
            "replicas": args.replicas, "device": args.device, "dtype": args.dtype, "load_format": args.load_format,
            "seed": args.seed, "num_cpus_per_replica": args.num_cpus_per_replica,
-           "enable_log_requests": args.enable_log_requests, "engine_args": engine_overrides(args)}
+           "enable_log_requests": args.enable_log_requests, "stream_interval": args.stream_interval,
+           "stream_max_messages_per_s": args.stream_max_messages_per_s,
+           "engine_args": engine_overrides(args)}
     if args.api_key:
         out["api_key"] = args.api_key
     return out

@@ -136,27 +136,48 @@ async def merge(jobs: list[Job]) -> AsyncIterator[tuple[Job, RequestDelta]]:
         async for delta in jobs[0].stream:
             yield jobs[0], delta
         return
+    async for batch in batches(jobs):
+        for item in batch:
+            yield item
+
+
+async def batches(jobs: list[Job]) -> AsyncIterator[list[tuple[Job, RequestDelta]]]:
+    """Deltas of all jobs, in batches: each batch is every delta that had arrived, in arrival
+    order, when the consumer asked for the next one (at least one: it waits only while none
+    has). A consumer that keeps up gets each delta alone as soon as it arrives; one that falls
+    behind (a stream writer under load) gets the backlog at once, so it can send it as one
+    message. A job's failure is raised after the deltas that arrived before it."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(job: Job) -> None:
         try:
             async for delta in job.stream:
-                await queue.put((job, delta))
+                queue.put_nowait((job, delta))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
-            await queue.put((job, exc))
-        await queue.put((job, None))
+            queue.put_nowait((job, exc))
+        queue.put_nowait((job, None))
 
     tasks = [asyncio.create_task(pump(j)) for j in jobs]
     try:
         remaining = len(jobs)
         while remaining:
-            job, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield job, item
+            batch: list[tuple[Job, RequestDelta]] = []
+            item = await queue.get()
+            while True:
+                job, value = item
+                if value is None:
+                    remaining -= 1
+                elif isinstance(value, Exception):
+                    if batch:
+                        yield batch
+                    raise value
+                else:
+                    batch.append((job, value))
+                if queue.empty():
+                    break
+                item = queue.get_nowait()
+            if batch:
+                yield batch
     finally:
         for t in tasks:
             t.cancel()

@@ -23,7 +23,7 @@ from .config import AppConfig
 from .errors import (OVERLOADED, APIError, GenerateError, bad_request, internal, model_not_found, retry_after_from,
                      unavailable)
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from .replica_calls import Backend, Job, call_replicas, close, merge
+from .replica_calls import Backend, Job, batches, call_replicas, close, merge
 from .server import GenerateRequest
 
 logger = logging.getLogger(__name__)
@@ -246,41 +246,54 @@ class OpenAIServing:
 
     async def _stream(self, obj: str, rid: str, body: SamplingFields, jobs: list[Job],
                       top_n: int | None) -> AsyncIterator[str]:
+        """The SSE events of a streamed response, each OpenAI event its own `data: ...` line.
+        Events that are ready together go out as one chunk (one string, so one ASGI message
+        and one relay by Serve's proxy): a delta that arrives while the stream writer is idle
+        goes out at once and alone, and the deltas that queued up while it was busy (under
+        load) go out together when it comes back (`replica_calls.batches`); the last deltas,
+        the usage event and [DONE] share a chunk."""
         created, n, chat = int(time.time()), body.n, obj == "chat.completion"
         opts = body.stream_options
         include_usage = bool(opts and opts.include_usage)
         continuous = bool(opts and opts.continuous_usage_stats)
         offsets: dict[int, int] = {}
         completion_tokens = 0
+        events: list[str] = []
+        unfinished = len(jobs)
         try:
             if chat:
-                for index in range(len(jobs) * n):
-                    yield R.sse(R.chat_chunk(rid, created, self.model_name, index, None, top_n))
-            async for job, delta in merge(jobs):
-                job.num_cached_tokens = delta.num_cached_tokens
-                for seq in delta.seqs:
-                    index = job.prompt_index * n + seq.index
-                    completion_tokens += len(seq.token_ids)
-                    if not (seq.text or seq.finish_reason or (top_n is not None and seq.logprobs)):
-                        continue
-                    if chat:
-                        chunk = R.chat_chunk(rid, created, self.model_name, index, seq, top_n)
-                    else:
-                        chunk = R.completion_chunk(rid, created, self.model_name, index, seq, top_n,
-                                                   offsets.get(index, 0))
-                        offsets[index] = offsets.get(index, 0) + len(seq.text)
-                    if continuous:
-                        chunk["usage"] = self._usage(jobs, completion_tokens)
-                    yield R.sse(chunk)
+                yield "".join(R.sse(R.chat_chunk(rid, created, self.model_name, index, None, top_n))
+                              for index in range(len(jobs) * n))
+            async for batch in batches(jobs):
+                for job, delta in batch:
+                    job.num_cached_tokens = delta.num_cached_tokens
+                    unfinished -= delta.finished
+                    for seq in delta.seqs:
+                        index = job.prompt_index * n + seq.index
+                        completion_tokens += len(seq.token_ids)
+                        if not (seq.text or seq.finish_reason or (top_n is not None and seq.logprobs)):
+                            continue
+                        if chat:
+                            chunk = R.chat_chunk(rid, created, self.model_name, index, seq, top_n)
+                        else:
+                            chunk = R.completion_chunk(rid, created, self.model_name, index, seq, top_n,
+                                                       offsets.get(index, 0))
+                            offsets[index] = offsets.get(index, 0) + len(seq.text)
+                        if continuous:
+                            chunk["usage"] = self._usage(jobs, completion_tokens)
+                        events.append(R.sse(chunk))
+                if events and unfinished > 0:  # the last ones go out with the usage event and [DONE]
+                    yield "".join(events)
+                    events = []
             if include_usage:
-                yield R.sse(R.usage_chunk(rid, created, self.model_name, f"{obj}.chunk" if chat else obj,
-                                          self._usage(jobs, completion_tokens)))
+                events.append(R.sse(R.usage_chunk(rid, created, self.model_name, f"{obj}.chunk" if chat else obj,
+                                                  self._usage(jobs, completion_tokens))))
         except APIError as exc:
-            yield R.sse(exc.body())
+            events.append(R.sse(exc.body()))
         except Exception as exc:  # noqa: BLE001 - the stream has started: report in-band
             logger.exception("stream %s failed", rid)
-            yield R.sse(internal(f"generation failed: {type(exc).__name__}: {exc}").body())
+            events.append(R.sse(internal(f"generation failed: {type(exc).__name__}: {exc}").body()))
         finally:
             await close(jobs)
-        yield R.DONE
-
+        events.append(R.DONE)
+        yield "".join(events)

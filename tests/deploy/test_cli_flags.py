@@ -41,6 +41,8 @@ SERVE_FLAGS = {
     "dtype": (["--dtype", "bfloat16"], lambda a, e: e.dtype == "bfloat16"),
     "trust-remote-code": (["--trust-remote-code"], lambda a, e: e.trust_remote_code is True),
     "enable-log-requests": (["--enable-log-requests"], lambda a, e: a.enable_log_requests is True),
+    "stream-interval": (["--stream-interval", "4"], lambda a, e: a.stream_interval == 4),
+    "stream-max-messages-per-s": (["--stream-max-messages-per-s", "0"], lambda a, e: a.stream_max_messages_per_s == 0),
     "revision": (["--model", DEMO_DIR, "--revision", "v1"], lambda a, e: e.revision == "v1" and e.model == DEMO_DIR),
     "model": (["--model", DEMO_DIR], lambda a, e: e.model == DEMO_DIR and a.model_name == "demo"),
     "device": (["--device", "cuda"], lambda a, e: e.device == "cuda" and a.gpus_per_shard == 1.0),
@@ -63,6 +65,7 @@ def test_serve_defaults():
     app, engine = _serve()
     assert engine.enable_prefix_caching and engine.enable_cuda_graphs and not engine.trust_remote_code
     assert not app.enable_log_requests and app.chat_template is None and app.tp == 1
+    assert app.stream_interval == 1 and app.stream_max_messages_per_s == AppConfig().stream_max_messages_per_s
     assert engine.gpu_memory_utilization == 0.85 and engine.load_format == "auto"
 
 

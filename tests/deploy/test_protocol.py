@@ -25,12 +25,14 @@ MAX_LEN, VOCAB = 64, 4096
 
 
 class FakeEngine:
-    """Each sequence yields the words of `script`, one per delta; `fail_after` raises mid-way."""
+    """Each sequence yields the words of `script`, one per delta, one delta per step of
+    `step_s` (longer than a lone stream's least gap between messages: 1 ms by default, so each
+    delta streams alone); `fail_after` raises mid-way."""
 
     def __init__(self, script=("Hello", " there", "!"), fail_after: int | None = None, waiting: int = 0,
-                 max_num_seqs: int = 8):
+                 max_num_seqs: int = 8, step_s: float = 0.003):
         self.script, self.fail_after, self.waiting, self.dead = script, fail_after, waiting, False
-        self.max_num_seqs = max_num_seqs
+        self.max_num_seqs, self.step_s = max_num_seqs, step_s
         self.requests = []
 
     def model_info(self):
@@ -40,6 +42,7 @@ class FakeEngine:
         self.requests.append((request_id, list(ids), params))
         steps = min(len(self.script), params.max_tokens)
         for step in range(steps):
+            await asyncio.sleep(self.step_s)
             if self.fail_after is not None and step == self.fail_after:
                 raise EngineDeadError("the fake engine broke")
             last = step == steps - 1
