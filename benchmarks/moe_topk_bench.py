@@ -12,6 +12,9 @@ Two timings per case, both on the GPU:
 
     python benchmarks/moe_topk_bench.py [--tokens 1,4,16,256,4096] [--dtype bfloat16]
 
+The models' router logits are fp32 (models/layers/ops.py router_logits): --dtype float32
+times that case; the first recorded run (RESULTS.md, 2026-11-27) used bfloat16.
+
 JSON in $OUT (moe_topk_bench.json).
 """
 from __future__ import annotations
