@@ -86,6 +86,14 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (a step raised); the replica must be restarted."""
 
 
+def _deliver(items: list[tuple[asyncio.Queue, "RequestDelta"]]) -> None:
+    """On the callers' event loop: a step's deltas into their requests' queues (the engine
+    thread hands a whole step over in one `call_soon_threadsafe`: with hundreds of streams,
+    one wake-up of the loop and one pass of the GIL per step instead of one per request)."""
+    for queue, item in items:
+        queue.put_nowait(item)
+
+
 # ----- bookkeeping inside the engine thread ----------------------------------------------
 @dataclass
 class _Seq:
@@ -318,15 +326,22 @@ class AsyncLLMEngine:
             group, seq = owner
             delta = self._seq_delta(group, seq, req, now)
             touched.setdefault(group.request_id, (group, []))[1].append(delta)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestDelta]]] = {}
         for group, deltas in touched.values():
             done = all(s.done for s in group.seqs)
             cached = next((getattr(s.request, "num_cached_tokens", 0) or 0 for s in group.seqs if s.request), 0)
-            group.post(RequestDelta(group.request_id, deltas, len(group.prompt_token_ids), cached, done))
+            by_loop.setdefault(group.loop, []).append(
+                (group.queue, RequestDelta(group.request_id, deltas, len(group.prompt_token_ids), cached, done)))
             if done:
                 self.metrics.e2e.observe(now - group.arrival)
                 del self._groups[group.request_id]
                 for s in group.seqs:
                     self._seq_owner.pop(s.seq_id, None)
+        for loop, items in by_loop.items():  # one hand-over per caller loop per step, not one per request
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the callers' loop is closed: nobody listens any more
+                pass
         self._update_gauges()
         self._update_counters()
 
