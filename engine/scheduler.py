@@ -8,7 +8,9 @@ prompt at first, one token once decoding). Each step:
   2. waiting requests are admitted (FIFO, reusing the longest cached prefix) while the
      budget allows, `Admission.can_start` says yes (max_num_seqs, free rows) and the cache
      manager finds a state slot and KV pages; one whose prefix a running request is still
-     computing waits for that request's checkpoints (those behind it may start).
+     computing waits for that request's checkpoints (those behind it may start). With
+     `prefill_hold_steps`, prompts arriving while every running request decodes may be
+     held a few steps so that several share one prefill step (`_hold_prompts`).
 When KV pages run out, the newest running requests are preempted: their holdings are
 released and they go back to the front of the queue, to be recomputed later (with the
 prefix cache's help). A request samples whenever its chunk reaches the end of its tokens.
@@ -57,6 +59,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_held_steps = 0  # consecutive steps waiting prompts were held (prefill_hold_steps)
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -128,8 +131,9 @@ class Scheduler:
         view = self.load_view()
         prefilling = [r for r in self.running if r.num_computed_tokens < r.prompt_len] \
             if self.config.enable_prefix_caching else []
+        hold = self._hold_prompts(plan)
         i = 0  # waiting requests before i wait for a prefix another request is computing
-        while i < len(self.waiting) and budget > 0 and self.admission.can_start(view).admitted:
+        while not hold and i < len(self.waiting) and budget > 0 and self.admission.can_start(view).admitted:
             req = self.waiting[i]
             if req.num_pending_tokens:  # preempted before its last token was read back: wait for it
                 break
@@ -163,6 +167,20 @@ class Scheduler:
                 if not chunk.draft_tokens:  # verify: checkpoints follow acceptance (engine.py)
                     self._schedule_checkpoints(chunk)
         return plan
+
+    def _hold_prompts(self, plan: list[ScheduledChunk]) -> bool:
+        """Hold the waiting prompts this step? Only while every chunk of the step is a decode
+        (a prompt computed anyway makes the step eager: others may as well join it), fewer
+        than prefill_hold_ratio x running prompts wait, and they have been held for fewer
+        than prefill_hold_steps steps (engine/config.py: as TGI's max_waiting_tokens)."""
+        limit = self.config.prefill_hold_steps
+        if limit <= 0 or not self.waiting or not plan or self.num_held_steps >= limit \
+                or any(c.num_real_tokens > 1 for c in plan) \
+                or len(self.waiting) >= self.config.prefill_hold_ratio * len(self.running):
+            self.num_held_steps = 0
+            return False
+        self.num_held_steps += 1
+        return True
 
     def _prefix_in_flight(self, req: Request, prefilling: list[Request]) -> bool:
         """Is a running request still computing a prefix `req` shares, and will it leave a

@@ -20,10 +20,8 @@ def next_pow2(n: int) -> int:
 
 
 def index_checks_enabled(t: torch.Tensor) -> bool:
-    if t.device.type == "cuda":
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        return os.environ.get("HYBRID_SERVE_KERNEL_CHECKS", "0") == "1"
+    if t.device.type == "cuda":  # (the environment first: asking CUDA about capture costs a driver call)
+        return os.environ.get("HYBRID_SERVE_KERNEL_CHECKS", "0") == "1" and not torch.cuda.is_current_stream_capturing()
     return True
 
 

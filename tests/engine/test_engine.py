@@ -233,3 +233,50 @@ def test_requests_sharing_a_prefix_in_flight_compute_it_once(model_dir):
 
     off = LLM(model=model_dir, enable_prefix_caching=False, **{k: v for k, v in args.items()})
     assert [o.outputs[0].token_ids for o in off.generate(prompts, GREEDY)] == alone
+
+
+def test_prompts_arriving_while_others_decode_are_held_and_share_a_step(model_dir):
+    """prefill_hold_steps: prompts arriving while every running request decodes wait (at most
+    that many steps, unless enough of them wait) and then start in one step together; outputs
+    are those of admitting them at once; with nothing running a prompt starts at once."""
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (6, 9, 7, 12)]
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+
+    def run(**kw):
+        engine = LLM(model=model_dir, dtype="float32", max_num_seqs=8, **kw).engine
+        for i in (0, 1):
+            engine.add_request(f"r{i}", prompts[i], params)
+        engine.step()  # nothing was running: both start at once
+        assert len(engine.scheduler.running) == 2 and not engine.scheduler.waiting
+        engine.step()
+        engine.add_request("r2", prompts[2], params)
+        started = {}
+        for step in range(1, 8):
+            if step == 2:
+                engine.add_request("r3", prompts[3], params)
+            engine.step()
+            for rid in ("r2", "r3"):
+                if rid not in started and any(r.request_id == rid for r in engine.scheduler.running):
+                    started[rid] = step
+        while engine.has_unfinished():
+            engine.step()
+        engine.cache.check_empty()
+        return started
+
+    assert run() == {"r2": 1, "r3": 2}
+    assert run(prefill_hold_steps=3, prefill_hold_ratio=10.0) == {"r2": 4, "r3": 4}  # held 3 steps, then together
+    # 1 waiting >= 0.5 x 2 running: r2 starts at once; r3 then waits alone (1 < 0.5 x 3) for 3 steps
+    assert run(prefill_hold_steps=3, prefill_hold_ratio=0.5) == {"r2": 1, "r3": 5}
+    with pytest.raises(ValueError, match="prefill_hold_steps"):
+        LLM(model=model_dir, prefill_hold_steps=-1)
+
+
+def test_held_prompts_give_the_same_tokens(model_dir):
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (6, 9, 7, 12, 30, 3)]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in LLM(model=model_dir, dtype="float32").generate(prompts, params)]
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=3, prefill_hold_steps=4, prefill_hold_ratio=2.0)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    llm.engine.cache.check_empty()
