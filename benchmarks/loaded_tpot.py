@@ -20,6 +20,7 @@ On CPU (`--device cpu --model demo`) it runs the same code on a tiny workload: a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -91,16 +92,17 @@ def closed_loop(engine, requests, concurrency: int) -> dict:
         steps.append((time.perf_counter() - t, len(sched.running), dict(cur)))
         for seq_id in [s for s, (_, req) in live.items() if req.finished]:
             idx, req = live.pop(seq_id)
-            finished[idx] = (req.first_token_time, req.finished_time, len(req.output_token_ids))
+            finished[idx] = (req.first_token_time, req.finished_time, len(req.output_token_ids), req.arrival_time)
         if first_wave_done_step is None and all(i in finished for i in range(concurrency)):
             first_wave_done_step = step_no
         while len(live) < concurrency and pending:
             add(step_no)
             last_add_step = step_no
-    steady = [i for i, (t0, t1, n) in finished.items()
+    steady = [i for i, (t0, t1, n, _) in finished.items()
               if i >= concurrency and first_wave_done_step is not None and added_at[i] >= first_wave_done_step
               and last_add_step is not None and n > 1 and i < len(requests) - concurrency]
     tpots = [(finished[i][1] - finished[i][0]) / (finished[i][2] - 1) for i in steady]
+    ttfts = sorted(finished[i][0] - finished[i][3] for i in steady)
     del sched.schedule
     walls = [w for w, _, _ in steps]
     mixed = [(w, c) for w, _, c in steps if c.get("prefill_tokens")]
@@ -117,6 +119,7 @@ def closed_loop(engine, requests, concurrency: int) -> dict:
                         "mean": statistics.mean(tpots) * 1e3 if tpots else None,
                         "p90": sorted(tpots)[int(0.9 * len(tpots))] * 1e3 if tpots else None},
             "running_median": statistics.median(r for _, r, _ in steps),
+            "ttft_ms_p50": ttfts[len(ttfts) // 2] * 1e3 if ttfts else None,
             "mixed_steps": len(mixed), "mixed_median_ms": statistics.median(w for w, _ in mixed) * 1e3 if mixed else None,
             "mixed_sum_s": sum(w for w, _ in mixed), "decode_steps": len(decode), "decode_sum_s": sum(decode),
             "median_prompt_tokens_per_mixed_step": statistics.median(c["prefill_tokens"] for _, c in mixed) if mixed else None,
@@ -136,6 +139,8 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
+    ap.add_argument("--hold-steps", default="0", help="comma-separated prefill_hold_steps values, each a loaded run "
+                    "on the same engine (engine/config.py: prompts held while all running requests decode)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from model_configs import CONFIGS, write_model_dir
@@ -154,7 +159,15 @@ def main() -> None:
         requests = workload(args.num_prompts, args.input_len, args.output_len, args.range_ratio, vocab, args.seed)
         closed_loop(engine, requests[:args.concurrency], args.concurrency)  # warm the mixed shapes
         decode_ms = pure_decode_step_ms(engine, args.concurrency, args.input_len, vocab, args.decode_steps)
-        loaded = closed_loop(engine, requests, args.concurrency)
+        runs = {}
+        for hold in [int(h) for h in args.hold_steps.split(",")]:
+            engine.scheduler.config = dataclasses.replace(engine.config, prefill_hold_steps=hold)
+            runs[hold] = closed_loop(engine, requests, args.concurrency)
+            ttft = runs[hold].get("ttft_ms_p50")
+            print(f"prefill_hold_steps={hold}: TPOT p50 {runs[hold]['tpot_ms']['p50']:.2f} ms, TTFT p50 {ttft:.1f} ms",
+                  flush=True)
+        engine.scheduler.config = engine.config
+        loaded = runs[int(args.hold_steps.split(",")[0])]
         decode_ms_after = pure_decode_step_ms(engine, args.concurrency, args.input_len, vocab, args.decode_steps)
     base = min(decode_ms, decode_ms_after)
     ratio = loaded["tpot_ms"]["p50"] / base if loaded["tpot_ms"]["p50"] else None
@@ -163,7 +176,7 @@ def main() -> None:
               "target": "<= 1.5", "model": args.model, "device": args.device, "concurrency": args.concurrency,
               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
               "range_ratio": args.range_ratio, "pure_decode_step_ms": [decode_ms, decode_ms_after],
-              "loaded": loaded, "config": {k: getattr(llm.config, k) for k in (
+              "loaded": loaded, "by_prefill_hold_steps": runs, "config": {k: getattr(llm.config, k) for k in (
                   "max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "enable_prefix_caching",
                   "async_scheduling")}}
     if args.device == "cuda":
