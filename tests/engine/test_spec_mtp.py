@@ -123,3 +123,24 @@ def test_mtp_with_adaptive_depth_keeps_greedy_output(mtp_model):
                                        speculative_config=dict(method="mtp", num_speculative_tokens=K)))
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)] == want
     llm.engine.cache.check_empty()
+
+
+def test_mtp_through_the_verify_graph_path(mtp_model):
+    """MTP drafting with verify steps on the verify-graph path (run eagerly on CPU: padded
+    rows, every decoding row padded to K drafts): the MTP pass reads the graph's hidden states
+    in token order, drafts equal the chained reference, greedy output unchanged."""
+    model_dir, target, ref = mtp_model
+    prompts = _prompts(target.config.vocab_size)
+    plain = LLM(model=model_dir, dtype="float32", max_num_seqs=3, max_num_batched_tokens=32,
+                chunked_prefill_size=16, enable_prefix_caching=True, state_checkpoint_interval=16)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY)]
+    llm = LLM(model=model_dir, **_args())
+    runner = llm.engine.runner
+    runner.use_verify_graphs(4, K + 1)
+    seen = record_supplies(llm.engine)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == want
+    assert runner.num_verify_graph_steps > 0
+    for tokens, drafts in seen:
+        assert drafts == reference_drafts(target, ref, tokens, K), f"after {len(tokens)} tokens"
+    llm.engine.cache.check_empty()
