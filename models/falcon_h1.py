@@ -77,7 +77,7 @@ class FalconH1Mixer(BambaMixer):
         xbc = ops.causal_conv1d(xbc, self.conv1d.weight[:, 0, :], self.conv1d.bias, conv_states, fb, "silu")
         x, B, C = torch.split(xbc, [self.inner, self.bc_dim, self.bc_dim], dim=-1)
         y = ops.selective_state_update(
-            x.reshape(num_tokens, self.num_heads, self.head_dim), dt, -torch.exp(self.A_log.float()),
+            x.reshape(num_tokens, self.num_heads, self.head_dim), dt, self.decay_rate(),
             B.reshape(num_tokens, self.num_groups, self.d_state), C.reshape(num_tokens, self.num_groups, self.d_state),
             self.D, self.dt_bias, ssm_states, fb, dt_softplus=True, dt_limit=self.dt_limit, out_dtype=torch.float32,
         )  # [T, H, P] fp32

@@ -171,6 +171,17 @@ class Mamba2Mixer(nn.Module):
             ssm_dtype=ssm_dtype,
         )
 
+    def decay_rate(self) -> torch.Tensor:
+        """A = -exp(A_log) [H/tp] fp32: a constant of the weights, computed once per weight
+        version (three launches less per layer and step); a plain tensor even when first asked
+        for under inference mode."""
+        key = (self.A_log._version, self.A_log.data_ptr())
+        if getattr(self, "_decay_rate_key", None) != key:
+            with torch.inference_mode(False), torch.no_grad():
+                self._decay_rate = -torch.exp(self.A_log.detach().float())
+            self._decay_rate_key = key
+        return self._decay_rate
+
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """hidden: [T, hidden] -> [T, hidden]. Reads and updates this layer's pooled state."""
         num_tokens = hidden.shape[0]
@@ -185,7 +196,7 @@ class Mamba2Mixer(nn.Module):
         y = ops.selective_state_update(
             x.reshape(num_tokens, self.num_heads, self.head_dim),
             dt,  # [T, H]
-            -torch.exp(self.A_log.float()),
+            self.decay_rate(),
             B.reshape(num_tokens, self.num_groups, self.d_state),
             C.reshape(num_tokens, self.num_groups, self.d_state),
             self.D,

@@ -60,3 +60,32 @@ def test_ssd_bf16_odd_dims():
 def test_ssd_serving_shapes():
     """Nemotron-H 1B Mamba2 shapes (H=48, G=8, P=64, N=128) in bf16, a 4k prompt and a decode row."""
     _check([4096, 1], [0, 30], [1, 2], [(0, 256, 3), (0, 2048, 4)], 48, 8, 64, 128, torch.bfloat16, 2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H, P, softplus, with_bias", [(6, 12, True, True), (4, 16, False, False), (3, 64, True, False)])
+def test_fused_prepare_and_finish_match_their_references(dtype, H, P, softplus, with_bias):
+    """ssd_prepare / ssd_finish (one launch each) vs the torch ops they replace, on strided
+    views as the mixer hands them over (x, dt split out of one projection)."""
+    from hybrid_serve.kernels.mamba_ssm.triton_ssd import ssd_finish, ssd_finish_ref, ssd_prepare, ssd_prepare_ref
+
+    g = torch.Generator().manual_seed(H * P)
+    T = 37
+    proj = (torch.randn(T, H * P + H + 5, generator=g) * 3).to(dtype).to(DEVICE)
+    x, dt = proj[:, : H * P].view(T, H, P), proj[:, H * P: H * P + H]
+    dt[0, 0] = 30.0  # past softplus' threshold
+    dt[1, 1] = -30.0  # tiny softplus: clamped up
+    A = (-torch.rand(H, generator=g) - 0.1).to(DEVICE)
+    bias = (torch.randn(H, generator=g) * 0.5).to(DEVICE) if with_bias else None
+    limit = (1e-3, 8.0)
+    g_got, v_got = ssd_prepare(x, dt, A, bias, softplus, limit)
+    g_want, v_want = ssd_prepare_ref(x, dt, A, bias, softplus, limit)
+    assert g_got.dtype == torch.float32 and g_got.is_contiguous() and v_got.dtype == dtype
+    assert rel_err(g_got, g_want) < 1e-6
+    assert rel_err(v_got.float(), v_want.float()) < (1e-6 if dtype == torch.float32 else 1e-2)
+    y = torch.randn(T, H, P, generator=g).to(dtype).to(DEVICE)
+    D = torch.randn(H, generator=g).to(DEVICE)
+    for d in (D, None):
+        for out_dtype in (torch.float32, dtype):
+            got, want = ssd_finish(y, x, d, out_dtype), ssd_finish_ref(y, x, d, out_dtype)
+            assert got.dtype == out_dtype and rel_err(got.float(), want.float()) < 1e-6
