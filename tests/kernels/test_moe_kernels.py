@@ -56,7 +56,9 @@ def _check_topk(logits: torch.Tensor, top_k: int, renormalize: bool) -> None:
 def test_topk_softmax_model_shapes(num_experts, top_k, tokens, dtype):
     """Qwen3-Next (512 / 10), Qwen3-MoE (128 / 8) and small (64 / 4) routers at decode and prefill
     row counts; bf16 logits tie often (8-bit mantissa), so the lower-id rule is exercised.
-    300 rows take ~10 s a call under the interpreter: there, one renormalise setting each."""
+    300 rows take ~10 s a call under the interpreter: there, one case with one renormalise setting."""
+    if tokens >= 100 and DEVICE != "cuda" and (num_experts, dtype) != (512, torch.float32):
+        pytest.skip("300 rows under the interpreter: the 512-expert fp32 case only (CI time); all on a GPU")
     logits = (2 * torch.randn(tokens, num_experts, generator=torch.Generator().manual_seed(tokens))).to(dtype)
     both = tokens < 100 or DEVICE == "cuda"
     for renormalize in (True, False) if both else (dtype == torch.float32,):
