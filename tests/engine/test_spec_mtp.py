@@ -36,12 +36,17 @@ def _args(**kw):
     return args
 
 
+def _plain_tokens(model_dir: str, prompts: list[list[int]]) -> list[list[int]]:
+    """Greedy tokens without speculation, under the same batching as `_args`."""
+    plain = LLM(model=model_dir, dtype="float32", max_num_seqs=3, max_num_batched_tokens=32,
+                chunked_prefill_size=16, enable_prefix_caching=True, state_checkpoint_interval=16)
+    return [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY)]
+
+
 def test_mtp_drafts_equal_chained_reference_and_greedy_unchanged(mtp_model):
     model_dir, target, ref = mtp_model
     prompts = _prompts(target.config.vocab_size)
-    plain = LLM(model=model_dir, dtype="float32", max_num_seqs=3, max_num_batched_tokens=32,
-                chunked_prefill_size=16, enable_prefix_caching=True, state_checkpoint_interval=16)
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY)]
+    want = _plain_tokens(model_dir, prompts)
     llm = LLM(model=model_dir, **_args())
     seen = record_supplies(llm.engine)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
@@ -131,9 +136,7 @@ def test_mtp_through_the_verify_graph_path(mtp_model):
     in token order, drafts equal the chained reference, greedy output unchanged."""
     model_dir, target, ref = mtp_model
     prompts = _prompts(target.config.vocab_size)
-    plain = LLM(model=model_dir, dtype="float32", max_num_seqs=3, max_num_batched_tokens=32,
-                chunked_prefill_size=16, enable_prefix_caching=True, state_checkpoint_interval=16)
-    want = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY)]
+    want = _plain_tokens(model_dir, prompts)
     llm = LLM(model=model_dir, **_args())
     runner = llm.engine.runner
     runner.use_verify_graphs(4, K + 1)
