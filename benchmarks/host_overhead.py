@@ -90,7 +90,7 @@ def one_step(llm, tokens: int, seed: int) -> dict:
     def launch(chunks):
         t = time.perf_counter()
         res = real_launch(chunks)
-        times["launch_ms"] = (time.perf_counter() - t) * 1e3
+        times["launch_ms"] = max(times.get("launch_ms", 0.0), (time.perf_counter() - t) * 1e3)  # the forward's
         return res
 
     engine._launch = launch

@@ -78,7 +78,6 @@ class LLMEngine:
             channel.send(self.pool_setup)
         self.shard.build_pools(self.pool_setup)
         self.runner = self.shard.runner
-        self.real_draft_counts: dict = {}  # this verify step's drafts as proposed (before padding)
         # start-up, in seconds: this rank's load, waiting for the other ranks' loads, pools + warm-up + graphs
         self.startup_seconds = {"load_shard": t1 - t0, "wait_other_ranks": t2 - t1,
                                 "pools_warm_up_graphs": time.perf_counter() - t2}
@@ -231,27 +230,6 @@ class LLMEngine:
         candidates = [r for r in running if r.num_tokens_to_compute == 1 and not r.sampled_last_token]
         return self.spec.wants_drafts(candidates, len(running))
 
-    def _pad_drafts_for_graphs(self, drafts: dict, decode_rows: list[Request]) -> dict:
-        """Verify graphs replay steps whose rows all verify exactly K drafts (cuda_graph.py).
-        When some decoding row has drafts, give every decoding row K: shorter proposals (a
-        drafter's short guess, K capped by max_tokens) and rows without one are padded with
-        a repeat of their last token. A padding token is verified like any draft: kept only
-        where the target itself produces it (so outputs are unchanged, at any temperature),
-        and past max_tokens or a stop nothing is kept; the acceptance counters and the
-        adaptive depth see only the real drafts (`real_draft_counts`). No padding when the
-        rows would not fit a graph (more rows than the scratch, or a context at its limit)."""
-        k = self.verify_graph_k
-        graphs = self.runner.verify_graphs
-        if not drafts or len(decode_rows) > min(self.spec.max_verify_rows, graphs.sizes[-1]):
-            return drafts
-        padded = {}
-        for req in decode_rows:
-            if req.num_computed_tokens + k >= self.max_model_len:  # the drafts' positions must fit
-                return drafts
-            real = drafts.get(req, [])
-            padded[req] = real + [real[-1] if real else req.token_ids[-1]] * (k - len(real))
-        return padded
-
     def _timed(self, speculative: bool, run, *args) -> list[Request]:
         """Run a step; report decode-only steps' output tokens and time (from the previous
         step's end) to the adaptive depth, so it can compare speculation with none."""
@@ -275,9 +253,9 @@ class LLMEngine:
         decode_rows = self.scheduler.decode_candidates()
         candidates = set(decode_rows)
         drafts = self.spec.propose({r: k for r, k in wanted.items() if r in candidates})
-        self.real_draft_counts = {r: len(d) for r, d in drafts.items()}
-        if self.verify_graph_k:
-            drafts = self._pad_drafts_for_graphs(drafts, decode_rows)
+        if self.verify_graph_k:  # verify graphs replay steps whose rows all verify K drafts
+            max_rows = min(self.spec.max_verify_rows, self.runner.verify_graphs.sizes[-1])
+            drafts = self.spec.pad(drafts, decode_rows, self.verify_graph_k, max_rows, self.max_model_len)
         chunks = self.scheduler.schedule(drafts)
         launched = self._launch(chunks)
         self.scheduler.after_step(chunks)

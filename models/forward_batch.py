@@ -98,6 +98,12 @@ class ForwardBatch:
             self._host = HostView(*lists, state_slots=self.state_slots.tolist())
         return self._host
 
+    @property
+    def host_cu_seqlens(self) -> list[int]:
+        """cu_seqlens on the host: the plan's (no sync), else the host view's (a graph-shaped
+        batch on the reference path)."""
+        return self.plan.cu_seqlens if self.plan is not None else self.host.cu_seqlens
+
     def chunk_table(self, chunk: int) -> ChunkTable:
         """How the chunked state kernels cut this batch (built once per step, from the
         plan's host lists: batches from `from_plan` only)."""
@@ -114,8 +120,8 @@ class ForwardBatch:
         if width not in self._conv_snapshots:
             if self.plan is None and not self.spec_scratch_steps:
                 raise ValueError("checkpoints need a batch built from a step plan (ForwardBatch.from_plan)")
-            cu = self.plan.cu_seqlens if self.plan is not None else self.host.cu_seqlens  # (reference path)
-            self._conv_snapshots[width] = conv_snapshot_index(width, cu, self.checkpoints, self.req_rows.device)
+            self._conv_snapshots[width] = conv_snapshot_index(width, self.host_cu_seqlens, self.checkpoints,
+                                                              self.req_rows.device)
         return self._conv_snapshots[width]
 
     @classmethod

@@ -144,6 +144,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # size -> static logits [size, V]
         self.hidden: dict[int, torch.Tensor] = {}  # size -> static final hidden states [size, H] (MTP reads them)
+        self._scratch_checkpoints: dict[int, list] = {}  # rows -> the checkpoints a verify step of them carries
 
     def padded_size(self, extend_lens: list[int]) -> int | None:
         return padded_size(extend_lens, self.sizes, self.tokens_per_row)
@@ -157,9 +158,10 @@ class DecodeGraphs:
         q = self.tokens_per_row
         if size is None or q == 1 or len(sample_counts) != len(extend_lens) or min(sample_counts) != q:
             return None
-        if checkpoints != scratch_checkpoints(len(extend_lens), q, self.state_pool):
-            return None
-        return size
+        rows = len(extend_lens)
+        if rows not in self._scratch_checkpoints:
+            self._scratch_checkpoints[rows] = scratch_checkpoints(rows, q, self.state_pool)
+        return size if checkpoints == self._scratch_checkpoints[rows] else None
 
     def _logits(self, size: int) -> torch.Tensor:
         input_ids, fb = self.buffers.forward_batch(size, self.table, self.kv_pool, self.state_pool,

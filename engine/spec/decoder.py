@@ -79,6 +79,7 @@ class SpecDecoder:
         self.depth = AdaptiveDepth(config.num_speculative_tokens, config.adaptive, cost_per_token=cost,
                                    disable_by_batch_size=config.disable_by_batch_size)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
+        self.proposed: dict = {}  # request -> drafts proposed this step (before any padding)
 
     def wants_drafts(self, candidates: list, num_running: int) -> dict:
         """request -> K for this step, the requests with K > 0 only (at most max_verify_rows)."""
@@ -93,7 +94,9 @@ class SpecDecoder:
         return wanted
 
     def propose(self, wanted: dict) -> dict:
-        """request -> its draft tokens (non-empty only) for the K's `wants_drafts` chose."""
+        """request -> its draft tokens (non-empty only) for the K's `wants_drafts` chose; their
+        counts stay in `proposed` until the next call (what `record` is told, padding aside)."""
+        self.proposed = {}
         if not wanted:
             return {}
         requests = list(wanted)
@@ -102,7 +105,27 @@ class SpecDecoder:
         for r, p in zip(requests, proposals):
             if not p:  # no guess: counts as one rejected draft, so the depth turns such requests off
                 self.depth.observe(r.request_id, 1, 0)
-        return {r: list(p[: wanted[r]]) for r, p in zip(requests, proposals) if p}
+        drafts = {r: list(p[: wanted[r]]) for r, p in zip(requests, proposals) if p}
+        self.proposed = {r: len(d) for r, d in drafts.items()}
+        return drafts
+
+    def pad(self, drafts: dict, decode_rows: list, k: int, max_rows: int, max_model_len: int) -> dict:
+        """Every decoding row with exactly k drafts, for verify graphs (engine/runner/cuda_graph.py
+        replays steps whose rows all verify k): shorter proposals (a short guess, k capped by
+        max_tokens) and rows without one are padded with a repeat of their last token. A padding
+        token is verified like any draft: kept only where the target itself produces it (outputs
+        unchanged at any temperature; past max_tokens or a stop nothing is kept); `record` is
+        told only the proposed ones. Unpadded when no row has drafts, more than `max_rows`
+        decode, or a row's drafts would pass max_model_len."""
+        if not drafts or len(decode_rows) > max_rows:
+            return drafts
+        padded = {}
+        for req in decode_rows:
+            if req.num_computed_tokens + k >= max_model_len:  # the drafts' positions must fit
+                return drafts
+            real = drafts.get(req, [])
+            padded[req] = real + [real[-1] if real else req.token_ids[-1]] * (k - len(real))
+        return padded
 
     def record(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
         self.depth.observe(request_id, num_drafts, num_accepted)

@@ -70,7 +70,7 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
             engine.num_generated_tokens += 1
             if req.finish_reason is not None:
                 break
-        real = engine.real_draft_counts.get(req, 0)  # as proposed: padding for verify graphs not counted
+        real = engine.spec.proposed.get(req, 0)  # as proposed: padding for verify graphs not counted
         if real:
             engine.spec.record(req.request_id, real, min(accepted, real))
         outputs.append(req)

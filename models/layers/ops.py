@@ -178,8 +178,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                                           intermediate_conv_windows=fb.state_pool.layer_scratch(conv_states),
                                           update_pool=True)
     if fb.checkpoints:  # (checkpoints come with a plan: its host lists, no sync)
-        cu = fb.plan.cu_seqlens if fb.plan is not None else fb.host.cu_seqlens  # (no plan: a graph-shaped batch, CPU)
-        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, cu, fb.checkpoints,
+        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host_cu_seqlens, fb.checkpoints,
                                     fb.conv_snapshot_index(conv_states.shape[-1]))
     if use_triton(x):
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
