@@ -166,6 +166,9 @@ class Scheduler:
             for chunk in plan:
                 if not chunk.draft_tokens:  # verify: checkpoints follow acceptance (engine.py)
                     self._schedule_checkpoints(chunk)
+        # decode rows first (stable): a mixed step's state layers then give them the recurrent
+        # kernels as one leading run of rows (ForwardBatch.row_split), the prompt chunks the chunked ones
+        plan.sort(key=lambda chunk: chunk.num_tokens > 1)
         return plan
 
     def _hold_prompts(self, plan: list[ScheduledChunk]) -> bool:

@@ -181,6 +181,15 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host_cu_seqlens, fb.checkpoints,
                                     fb.conv_snapshot_index(conv_states.shape[-1]))
     if use_triton(x):
+        split = fb.row_split(RECURRENT_MAX_TOKENS)
+        if split is not None:  # decode rows and prompt chunks as two launches, each of its own shape
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            n = split.tokens
+            _conv.causal_conv1d_varlen(x[:n], weight, bias, conv_states, split.short_slots, split.short_cu_seqlens,
+                                       activation, out=y[:n], max_seqlen=split.short_max_len)
+            _conv.causal_conv1d_varlen(x[n:], weight, bias, conv_states, split.long_slots, split.long_cu_seqlens,
+                                       activation, out=y[n:], max_seqlen=split.long_max_len)
+            return y
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
                                           max_seqlen=fb.max_extend_len)
     return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.host.state_slots, fb.host.cu_seqlens,
@@ -201,8 +210,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     (updated in place, checkpoint slots too) -> o: [T, HV, Dv] in v's dtype."""
     if use_triton(q):
         if _chunked(fb):
-            return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
-                                                 fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm)
+            split = fb.row_split(RECURRENT_MAX_TOKENS)
+            if split is None:
+                return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
+                                                     fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm)
+            o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
+                                              fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm)
+            n = split.tokens
+            _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], g[:n], beta[:n], ssm_states, split.short_slots,
+                                            split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, out=o[:n])
+            return o
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, **_verify_kwargs(fb, ssm_states))
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
@@ -219,6 +236,16 @@ def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch
         return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias),
                                                **_verify_kwargs(fb, ssm_states))
+    split = fb.row_split(RECURRENT_MAX_TOKENS) if use_triton(q) else None
+    if split is not None:  # prompt rows chunked, then the decode rows as a decode step runs them
+        g, beta = gdn_gating(a, b, A_log, dt_bias)
+        o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
+                                          fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm)
+        n = split.tokens
+        _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], a[:n], b[:n], ssm_states, split.short_slots,
+                                        split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias),
+                                        out=o[:n])
+        return o
     g, beta = gdn_gating(a, b, A_log, dt_bias)
     return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm)
 
@@ -233,8 +260,16 @@ def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
     kwargs = dict(dt_softplus=dt_softplus, dt_limit=dt_limit, out_dtype=out_dtype)
     if use_triton(x):
         if _chunked(fb):
-            return _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
-                                    fb.chunk_table(STATE_CHUNK), **kwargs)
+            split = fb.row_split(RECURRENT_MAX_TOKENS)
+            if split is None:
+                return _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
+                                        fb.chunk_table(STATE_CHUNK), **kwargs)
+            y = _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, split.long_slots,
+                                 fb.chunk_table(STATE_CHUNK, split.rows), **kwargs)
+            n = split.tokens  # the decode rows as a decode step runs them
+            _ssm.selective_state_update_varlen(x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, ssm_states,
+                                               split.short_slots, split.short_cu_seqlens, out=y[:n], **kwargs)
+            return y
         return _ssm.selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
                                                   fb.cu_seqlens, **kwargs, **_verify_kwargs(fb, ssm_states))
     return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.host.state_slots,

@@ -84,6 +84,10 @@ STEPS = {
     "varlen-then-decode": [([2, 1, 3], [0, 0, 0], [4, 7, 2]), ([2, 1, 3], [4, 7, 2], [1, 1, 1])],
     # chunked state kernels, extend attention for the long row beside the paged kernel for the others
     "long-mixed-then-decode": [([2, 1, 3], [0, 0, 0], [40, 1, 12]), ([2, 1, 3], [40, 1, 12], [1, 33, 1])],
+    # decode rows first (as the scheduler orders a mixed step): they take the recurrent state
+    # kernels and the prompt row the chunked ones (ForwardBatch.row_split), then all decode
+    "decode-first-mixed": [([2, 3], [0, 0], [4, 6]), ([2, 3, 1], [4, 6, 0], [1, 2, 20]),
+                           ([2, 3, 1], [5, 8, 20], [1, 1, 1])],
 }
 
 
