@@ -139,8 +139,9 @@ def main() -> None:
     ap.add_argument("--decode-steps", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
-    ap.add_argument("--hold-steps", default="0", help="comma-separated prefill_hold_steps values, each a loaded run "
-                    "on the same engine (engine/config.py: prompts held while all running requests decode)")
+    ap.add_argument("--hold-steps", default="", help="comma-separated prefill_hold_steps values, each a loaded run "
+                    "on the same engine (engine/config.py: prompts held while all running requests decode); "
+                    "default: the engine's own (16 on CUDA, 0 on CPU). The first is the headline figure")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from model_configs import CONFIGS, write_model_dir
@@ -160,14 +161,15 @@ def main() -> None:
         closed_loop(engine, requests[:args.concurrency], args.concurrency)  # warm the mixed shapes
         decode_ms = pure_decode_step_ms(engine, args.concurrency, args.input_len, vocab, args.decode_steps)
         runs = {}
-        for hold in [int(h) for h in args.hold_steps.split(",")]:
+        holds = [int(h) for h in args.hold_steps.split(",")] if args.hold_steps else [engine.config.prefill_hold_steps]
+        for hold in holds:
             engine.scheduler.config = dataclasses.replace(engine.config, prefill_hold_steps=hold)
             runs[hold] = closed_loop(engine, requests, args.concurrency)
             ttft = runs[hold].get("ttft_ms_p50")
             print(f"prefill_hold_steps={hold}: TPOT p50 {runs[hold]['tpot_ms']['p50']:.2f} ms, TTFT p50 {ttft:.1f} ms",
                   flush=True)
         engine.scheduler.config = engine.config
-        loaded = runs[int(args.hold_steps.split(",")[0])]
+        loaded = runs[holds[0]]
         decode_ms_after = pure_decode_step_ms(engine, args.concurrency, args.input_len, vocab, args.decode_steps)
     base = min(decode_ms, decode_ms_after)
     ratio = loaded["tpot_ms"]["p50"] / base if loaded["tpot_ms"]["p50"] else None
@@ -176,6 +178,7 @@ def main() -> None:
               "target": "<= 1.5", "model": args.model, "device": args.device, "concurrency": args.concurrency,
               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
               "range_ratio": args.range_ratio, "pure_decode_step_ms": [decode_ms, decode_ms_after],
+              "prefill_hold_steps": holds[0],
               "loaded": loaded, "by_prefill_hold_steps": runs, "config": {k: getattr(llm.config, k) for k in (
                   "max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "enable_prefix_caching",
                   "async_scheduling")}}

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import sys
@@ -89,6 +90,12 @@ class LLMEngine:
                                              enable_prefix_cache=config.enable_prefix_caching)
         self.admission = Admission(self.pool_setup.num_req_rows)
         self.scheduler = Scheduler(config, self.cache, self.admission)
+        if self.device.type == "cuda":
+            # start-up's objects (model, pools, compiled kernels, graphs) live as long as the
+            # engine: moved out of the collector's generations, so that a full collection
+            # while serving walks only what serving creates (as vLLM and SGLang do)
+            gc.collect()
+            gc.freeze()
         self._seed_rng = random.Random(config.seed)
         self.requests: dict[str, Request] = {}  # live sequences by id
         self.logits_hook = None  # debugging/benchmarks: called as hook(requests, logits [S, V]) each step

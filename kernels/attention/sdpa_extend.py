@@ -8,12 +8,20 @@ aligned bottom-right (token i of the step sees positions <= prefix + i)::
     o[new] = sdpa(q[new], keys, values, causal lower-right, GQA)
 
 Host lists (prefix and new-token counts per row) come from the step plan: no sync.
+
+cuDNN's backend is left out: it builds an execution plan for every new sequence length it
+meets (milliseconds of host time each; serving meets a new prompt length in most steps), and
+on an H100 torch prefers it when allowed. Flash (then the memory-efficient kernels, then
+plain math) needs no per-shape set-up.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
+
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def extend_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -34,7 +42,8 @@ def extend_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
         qb = q[lo:hi].transpose(0, 1)[None]  # [1, Hq, L, D]
         kb, vb = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]  # [1, Hkv, S, D]
         mask = causal_lower_right(hi - lo, keys.shape[0]) if prefix else None
-        ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=not prefix, scale=scale,
-                                            enable_gqa=True)
+        with sdpa_kernel(SDPA_BACKENDS, set_priority=True):
+            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=not prefix, scale=scale,
+                                                enable_gqa=True)
         out[lo:hi] = ob[0].transpose(0, 1)
     return out

@@ -1,0 +1,147 @@
+"""One mixed step, taken apart (issue 12: why a step carrying prompt tokens next to decode
+rows costs far more than either alone).
+
+    python benchmarks/mixed_step_profile.py [--model qwen3_5_2p3b] [--variants 0x1x512,63x1x512,...]
+        [--json OUT.json]
+
+A variant `DxPxL` is D decode rows (prefilled before, decoding) plus P new prompts of L tokens,
+scheduled together as one step (synchronous engine, so the step is timed alone). Per variant,
+on the second occurrence of its shape (the first warms): the step's wall (synchronized), then
+the same shape under the torch profiler: GPU kernel time, kernels launched and the kernels with
+the most GPU time. The step's host share is wall - GPU time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def run_variant(engine, decode_rows: int, prompts: int, prompt_len: int, vocab: int, seed: int,
+                profile: bool, cpu_profile: bool = False, py_profile: bool = False) -> dict:
+    """Prefill `decode_rows` requests and let them decode, then add the prompts and time the one
+    step that carries them all."""
+    from hybrid_serve import SamplingParams
+    from hybrid_serve.engine.benchmarking import start_decode_batch
+
+    ids = start_decode_batch(engine, decode_rows, 256, 400, token_high=vocab, seed=seed, prefix=f"d{seed}-") \
+        if decode_rows else []
+    gen = torch.Generator().manual_seed(seed + 1)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    for i in range(prompts):
+        prompt = torch.randint(10, vocab, (prompt_len,), generator=gen).tolist()
+        ids += engine.add_request(f"p{seed}-{i}", prompt, params)
+    torch.cuda.synchronize()
+    out = {}
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    if py_profile:  # Python functions by own time (cProfile: every call pays its overhead)
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        engine.step()
+        torch.cuda.synchronize()
+        prof.disable()
+        stats = pstats.Stats(prof)
+        rows = [(f"{os.path.basename(fn)}:{line} {name}"[:70], round(tt * 1e3, 3), nc)
+                for (fn, line, name), (cc, nc, tt, ct, _) in stats.stats.items()]
+        out["py_top"] = sorted(rows, key=lambda r: -r[1])[:16]
+        out["py_total_ms"] = round(sum(r[1] for r in rows), 2)
+    elif cpu_profile:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            engine.step()
+            torch.cuda.synchronize()
+        table = prof.key_averages()
+        out["cpu_top"] = sorted(([e.key[:60], round(e.self_cpu_time_total / 1e3, 3), e.count] for e in table),
+                                key=lambda r: -r[1])[:14]
+    elif profile:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            engine.step()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        by_name: dict[str, list] = {}
+        for e in kernels:
+            rec = by_name.setdefault(e.name[:70], [0.0, 0])
+            rec[0] += e.device_time_total / 1e3 if hasattr(e, "device_time_total") else e.cuda_time_total / 1e3
+            rec[1] += 1
+        out["gpu_ms"] = sum(v[0] for v in by_name.values())
+        out["kernels"] = sum(v[1] for v in by_name.values())
+        out["top"] = sorted(([k, round(v[0], 3), v[1]] for k, v in by_name.items()), key=lambda r: -r[1])[:10]
+    else:
+        t = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        out["wall_ms"] = (time.perf_counter() - t) * 1e3
+        out["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries
+    for seq_id in ids:
+        engine.abort(seq_id)
+    while engine.has_unfinished():
+        engine.step()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3_5_2p3b")
+    ap.add_argument("--variants", default="0x1x512,63x0x0,63x1x512,63x1x64,63x4x512,0x4x512,63x8x512,0x8x512,"
+                                          "0x1x2048,63x1x2048")
+    ap.add_argument("--cpu-profile", default="", help="comma-separated variants to run once more under the "
+                    "torch profiler's CPU activity (host functions by self time)")
+    ap.add_argument("--py-profile", default="", help="comma-separated variants to run once more under cProfile")
+    ap.add_argument("--no-cudnn-sdp", action="store_true", help="torch SDPA without its cuDNN backend")
+    ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from model_configs import CONFIGS, write_model_dir
+
+    from hybrid_serve import LLM
+
+    torch.set_num_threads(4)
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    tmp = tempfile.mkdtemp()
+    kwargs = dict(model=write_model_dir(args.model, tmp), load_format="dummy", dtype="bfloat16", device="cuda",
+                  async_scheduling=False)
+    kwargs.update(json.loads(args.engine_args))
+    engine = LLM(**kwargs).engine
+    vocab = min(CONFIGS[args.model]().vocab_size, 32000)
+    rows = []
+    for k, spec in enumerate(args.variants.split(",")):
+        d, p, n = (int(x) for x in spec.split("x"))
+        run_variant(engine, d, p, n, vocab, 100 * k, profile=False)  # warms the shape
+        timed = run_variant(engine, d, p, n, vocab, 100 * k + 30, profile=False)
+        prof = run_variant(engine, d, p, n, vocab, 100 * k + 60, profile=True)
+        row = dict(variant=spec, decode_rows=d, prompts=p, prompt_len=n, **timed, **prof)
+        if spec in args.py_profile.split(","):
+            row.update(run_variant(engine, d, p, n, vocab, 100 * k + 80, profile=False, py_profile=True))
+        if spec in args.cpu_profile.split(","):
+            row.update(run_variant(engine, d, p, n, vocab, 100 * k + 90, profile=False, cpu_profile=True))
+        rows.append(row)
+        print(f"{spec:>10}: wall {row['wall_ms']:7.2f} ms  GPU {row['gpu_ms']:7.2f} ms  kernels {row['kernels']:4d}  "
+              f"host share {max(0.0, row['wall_ms'] - row['gpu_ms']):6.2f} ms  alloc retries {row['alloc_retries']}",
+              flush=True)
+        for name, ms, count in row["top"][:6]:
+            print(f"             {ms:8.3f} ms {count:4d}x {name}")
+        if "py_top" in row:
+            print(f"        python total (own time) {row['py_total_ms']} ms")
+        for name, ms, count in row.get("py_top", []):
+            print(f"          py {ms:8.3f} ms {count:5d}x {name}")
+        for name, ms, count in row.get("cpu_top", []):
+            print(f"        host {ms:8.3f} ms {count:4d}x {name}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(model=args.model, device=torch.cuda.get_device_name(), rows=rows,
+                           config=kwargs | dict(model=args.model)), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
