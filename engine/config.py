@@ -62,6 +62,12 @@ class EngineConfig:
     # with speculative decoding: verify steps whose rows all verify K drafts replay graphs too
     # (one per padded batch size, up to the state scratch's rows; engine/runner/cuda_graph.py)
     enable_verify_graphs: bool = True
+    # Piecewise CUDA graphs for the other steps (prompt chunks, mixed prefill + decode, eager
+    # verify) of up to `piecewise_graph_max_tokens` tokens: the token-parallel ops replay from
+    # graphs per padded token count, the varlen ones (attention, convs, state recurrences) run
+    # eagerly between them (engine/runner/piecewise_graph.py). Off until measured on a GPU.
+    enable_piecewise_graphs: bool = False
+    piecewise_graph_max_tokens: int = 2048
     async_scheduling: bool = True  # queue step N+1 before reading step N's tokens back (tp = 1)
     warm_up: bool = True  # compile every kernel shape at start-up, before serving (CUDA)
     # speculative decoding: None (off), or a dict / SpeculativeConfig (engine/spec/config.py)
@@ -83,7 +89,7 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
         for name in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
-                     "state_checkpoint_interval", "cuda_graph_max_batch"):
+                     "state_checkpoint_interval", "cuda_graph_max_batch", "piecewise_graph_max_tokens"):
             positive(name)
         if self.state_checkpoint_interval % self.page_size:
             raise ValueError(f"state_checkpoint_interval={self.state_checkpoint_interval} must be a multiple of "

@@ -14,23 +14,26 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from ...device_io import to_device
+from ...device_io import pinned, to_device
 from ...distributed import broadcast_from_rank0
 from ...kernels.attention import warm_up_paged_attention
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
 from ...models.layers.attention import PagedAttention
 from .cuda_graph import DecodeGraphs, decode_meta
+from .piecewise_graph import PiecewiseGraphs, piecewise_sizes
 from .step_plan import MtpPlan, StepPlan
 
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, state_pool: StatePool, req_table: RequestRowTable,
                  device: torch.device | str, cuda_graph_max_batch: int = 0, warm_up_tokens: int = 0,
-                 verify_tokens_per_row: int = 0) -> None:
+                 verify_tokens_per_row: int = 0, piecewise_max_tokens: int = 0) -> None:
         """cuda_graph_max_batch > 0 (CUDA only) captures decode graphs for batches up to that
         size, and with verify_tokens_per_row = K + 1 > 1 (speculative decoding with K drafts
-        and a state scratch) verify graphs too; warm_up_tokens > 0 first runs `warm_up` (CUDA only)."""
+        and a state scratch) verify graphs too; piecewise_max_tokens > 0 (CUDA only) captures
+        piecewise graphs for the other steps of up to that many tokens (piecewise_graph.py);
+        warm_up_tokens > 0 first runs `warm_up` (CUDA only)."""
         self.model = model
         self.kv_pool = kv_pool
         self.state_pool = state_pool
@@ -40,6 +43,7 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None
         self.num_verify_graph_steps = 0  # verify steps replayed from a graph (the rest ran eagerly)
+        self.piecewise: PiecewiseGraphs | None = None
         # MTP drafting reads the last forward's final hidden states ([T, H], token order)
         self.keep_hidden = getattr(model, "mtp", None) is not None
         self.last_hidden: torch.Tensor | None = None
@@ -53,6 +57,10 @@ class ModelRunner:
             if verify_tokens_per_row > 1 and state_pool.scratch_rows > 0:
                 self.use_verify_graphs(cuda_graph_max_batch, verify_tokens_per_row)
                 self.verify_graphs.capture()
+        if piecewise_max_tokens > 0:
+            if self.device.type != "cuda":
+                raise ValueError(f"piecewise CUDA graphs need a CUDA device, got {self.device}")
+            self.use_piecewise_graphs(piecewise_max_tokens).capture()
 
     def use_decode_graphs(self, max_batch: int) -> DecodeGraphs:
         """Route decode steps of up to max_batch rows through DecodeGraphs (captured by the
@@ -68,6 +76,14 @@ class ModelRunner:
         self.verify_graphs = DecodeGraphs(self.model, max_batch, self.device, self.req_table, self.kv_pool,
                                           self.state_pool, self.last_tokens, tokens_per_row=tokens_per_row)
         return self.verify_graphs
+
+    def use_piecewise_graphs(self, max_tokens: int) -> PiecewiseGraphs:
+        """Route the steps that are neither decode nor graph-verify steps, of up to max_tokens
+        tokens, through piecewise graphs (piecewise_graph.py; captured by the caller)."""
+        limit = min(max_tokens, self.req_table.max_context)
+        self.piecewise = PiecewiseGraphs(self.model, piecewise_sizes(limit), self.device, self.req_table,
+                                         self.kv_pool, self.state_pool)
+        return self.piecewise
 
     def warm_up(self, max_tokens: int) -> None:
         """Run every kind of eager step serving meets before the engine says ready (the decode
@@ -97,9 +113,17 @@ class ModelRunner:
 
     def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:
         """Any step: build the batch, resolve pending input ids, forward, LM head on the sampled rows."""
-        fb = ForwardBatch.from_plan(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table, self.kv_pool,
-                                    self.state_pool, plan.checkpoints)
-        input_ids = to_device(plan.input_ids, torch.int64, self.device)  # [T]
+        num_tokens = len(plan.input_ids)
+        size = self.piecewise.padded_size(num_tokens) if self.piecewise is not None else None
+        if size is None:
+            fb = ForwardBatch.from_plan(plan.req_rows, plan.prefix_lens, plan.extend_lens, self.req_table,
+                                        self.kv_pool, self.state_pool, plan.checkpoints)
+            input_ids = to_device(plan.input_ids, torch.int64, self.device)  # [T]
+        else:  # piecewise graphs: the batch padded to `size` tokens by one padding row
+            fb = self.piecewise.padding_batch(size, plan.req_rows, plan.prefix_lens, plan.extend_lens,
+                                              plan.checkpoints)
+            input_ids = self.piecewise.input_ids[:size]  # static; the padding tokens' ids are stale, valid ids
+            input_ids[:num_tokens].copy_(pinned(plan.input_ids, torch.int64, self.device), non_blocking=True)
         if plan.has_pending:  # a pending token is its row's only token (the scheduler never chunks past one)
             last_token_of_row, cursor = [], 0
             for n in plan.extend_lens:
@@ -109,7 +133,10 @@ class ModelRunner:
             token_index = to_device([last_token_of_row[b] for b in pending_batch_rows], torch.int64, self.device)
             req_rows = to_device([plan.req_rows[b] for b in pending_batch_rows], torch.int64, self.device)
             input_ids[token_index] = self.last_tokens[req_rows]
-        hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
+        if size is None:
+            hidden = self.model(input_ids, fb.positions, fb)  # [T, H]
+        else:
+            hidden = self.piecewise.run(size, fb)[:num_tokens]
         if self.keep_hidden:
             self.last_hidden = hidden
         if not plan.sample_rows:

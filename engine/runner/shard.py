@@ -72,9 +72,12 @@ class Shard:
                                              self.device)
         spec = cfg.speculative_config
         verify_q = spec.num_speculative_tokens + 1 if spec is not None and cfg.enable_verify_graphs else 0
+        piecewise = 0
+        if cfg.enable_piecewise_graphs and cfg.enable_cuda_graphs and self.device.type == "cuda":
+            piecewise = min(cfg.piecewise_graph_max_tokens, cfg.max_num_batched_tokens)
         self.runner = ModelRunner(self.model, kv_pool, state_pool, table, self.device, graph_batch,
                                   warm_up_tokens=cfg.max_num_batched_tokens if cfg.warm_up else 0,
-                                  verify_tokens_per_row=verify_q)
+                                  verify_tokens_per_row=verify_q, piecewise_max_tokens=piecewise)
 
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         return self.runner.execute(plan)

@@ -11,6 +11,9 @@ Batch metadata comes from the step's ForwardBatch `fb` (models/forward_batch.py)
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +28,34 @@ from ...kernels import moe as _moe
 from ...kernels import norm as _norm
 from ...kernels import rotary as _rotary
 from ..forward_batch import ForwardBatch
+
+
+# ----- varlen ops: where piecewise CUDA graphs cut ------------------------------------------
+# Most ops of a step depend only on its token count T; the ops marked `varlen_op` depend on its
+# rows (their lengths, slots, checkpoints: the ForwardBatch). Piecewise CUDA graphs
+# (engine/runner/piecewise_graph.py) capture everything between them per padded T and run
+# them eagerly. While a capture runs, VARLEN_HOOK[0] is its callback.
+VARLEN_HOOK: list = [None]
+
+
+def varlen_op(out_spec):
+    """Mark a varlen op. out_spec(arguments by name) -> (shape, dtype) of its one output tensor
+    (what a capture allocates inside the graph before running the op eagerly)."""
+    def mark(fn):
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            hook = VARLEN_HOOK[0]
+            if hook is None:
+                return fn(*args, **kwargs)
+            return hook(fn, signature.bind(*args, **kwargs), out_spec)
+        return run
+    return mark
+
+
+def _out_like_v(a: dict) -> tuple[tuple[int, ...], torch.dtype]:
+    return tuple(a["v"].shape), a["v"].dtype
 
 
 # ----- linears -----------------------------------------------------------------------------
@@ -115,6 +146,7 @@ EXTEND_ATTENTION_MIN_TOKENS = 32
 SDPA_MAX_ROWS = 4
 
 
+@varlen_op(lambda a: ((a["q"].shape[0], a["q"].shape[1], a["v_cache"].shape[-1]), a["q"].dtype))
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
               scale: float, fb: ForwardBatch) -> torch.Tensor:
     """Store this step's K/V at fb.kv_slots, then causal attention of q [T, Hq, D] over each
@@ -169,6 +201,7 @@ def _verify_kwargs(fb: ForwardBatch, ssm_states: torch.Tensor) -> dict:
     return dict(intermediate_states=fb.state_pool.layer_scratch(ssm_states), update_pool=True)
 
 
+@varlen_op(lambda a: (tuple(a["x"].shape), a["x"].dtype))
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor,
                   fb: ForwardBatch, activation: str | None) -> torch.Tensor:
     """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place; checkpoint
@@ -204,6 +237,7 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
     return _gdn.gdn_gating_ref(a, b, A_log, dt_bias)
 
 
+@varlen_op(_out_like_v)
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      ssm_states: torch.Tensor, fb: ForwardBatch, use_qk_l2norm: bool = True) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g, beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv]
@@ -226,6 +260,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                                             use_qk_l2norm=use_qk_l2norm, checkpoints=fb.checkpoints)
 
 
+@varlen_op(_out_like_v)
 def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                                       b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                                       ssm_states: torch.Tensor, fb: ForwardBatch,
@@ -250,6 +285,7 @@ def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch
     return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm)
 
 
+@varlen_op(lambda a: (tuple(a["x"].shape), a["out_dtype"] or a["x"].dtype))
 def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                            D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor,
                            fb: ForwardBatch, *,

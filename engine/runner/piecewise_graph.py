@@ -1,0 +1,220 @@
+"""Piecewise CUDA graphs for steps that carry prompt tokens (prefill chunks, mixed prefill +
+decode steps, verify steps that run eagerly), as vLLM splits its graphs around attention.
+
+An eager step pays host time for every launch (on an H100 host 30-60 us each, 470-760
+launches a step of the 2.3B model: 20-60 ms for a few ms of GPU work). Most of those ops
+depend only on the step's token count T (embedding, norms, projections, rotary, MLP / MoE,
+residuals); the varlen ops (`ops.varlen_op`: attention with its KV writes, the convs and
+state recurrences with their checkpoints) depend on its rows. So per padded size T_pad:
+
+Capture (largest size first, one memory pool, on a side stream): the model's forward runs on
+a batch of one padding row of T_pad tokens (request row 0: KV slot 0 and state slot 0, the
+dummies). Each varlen op call allocates its output inside the running graph, ends that
+graph, runs the op eagerly (outside capture) into that output and starts the next graph. A
+size's capture is graph_0, op_0, graph_1, op_1, ..., graph_n; graph_n ends with the final
+hidden states [T_pad, H].
+
+Replay (a step of T <= T_pad tokens): the step's batch gets one padding row of T_pad - T
+tokens (request row 0, appended last, so the step's rows keep their indices, checkpoints and
+sampled rows); its input ids and positions are copied into the static buffers; then graph_0,
+op_0 with the step's ForwardBatch in place of the capture's (its result copied into the
+static output), graph_1, ... The padding row's tokens compute garbage that nobody reads.
+
+The tensors a recorded op reads and writes live in the graph pool; after a size's capture the
+records keep non-owning views of them (the pool reuses that memory across sizes, whose graphs
+never run at the same time, as it does for the decode graphs). Model weights, the pools and
+anything else outside the graph pool stay referenced as they are.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from ...models.forward_batch import ForwardBatch
+from ...models.layers import ops
+
+# Padded token counts with a piecewise graph: a step of T tokens replays the smallest >= T.
+PIECEWISE_SIZES = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+
+
+def piecewise_sizes(max_tokens: int) -> list[int]:
+    """Sizes to capture: the table's up to max_tokens (and max_tokens itself if between)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    sizes = [s for s in PIECEWISE_SIZES if s < max_tokens]
+    return sizes + [max_tokens]
+
+
+def _borrowed(t: torch.Tensor) -> torch.Tensor:
+    """A view of t's memory that does not keep it allocated."""
+    st = t.untyped_storage()
+    storage = torch._C._construct_storage_from_data_pointer(st.data_ptr(), t.device, st.nbytes())
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
+
+
+@dataclass
+class VarlenCall:
+    """One recorded varlen op: fn(*args, **kwargs) with the step's ForwardBatch substituted,
+    its result copied into `out` (static, read by the next graph)."""
+
+    fn: object
+    args: tuple
+    kwargs: dict
+    out: torch.Tensor
+
+    def run(self, fb: ForwardBatch | None) -> None:
+        if fb is not None:
+            args = tuple(fb if isinstance(a, ForwardBatch) else a for a in self.args)
+            kwargs = {k: fb if isinstance(v, ForwardBatch) else v for k, v in self.kwargs.items()}
+        else:
+            args, kwargs = self.args, self.kwargs
+        result = self.fn(*args, **kwargs)
+        if result.shape != self.out.shape:
+            raise RuntimeError(f"varlen op {getattr(self.fn, '__name__', self.fn)} returned {tuple(result.shape)}, "
+                               f"its captured output is {tuple(self.out.shape)}")
+        self.out.copy_(result)
+
+    def release(self, pool_ranges: list[tuple[int, int]]) -> None:
+        """Replace the tensors that live in the graph pool (address ranges) by views that do not
+        hold its memory; weights, the KV / state pools and anything else stay referenced."""
+        def swap(v):
+            if isinstance(v, torch.Tensor) and v.is_cuda:
+                ptr = v.untyped_storage().data_ptr()
+                if any(lo <= ptr < hi for lo, hi in pool_ranges):
+                    return _borrowed(v)
+            return v
+        self.args = tuple(swap(a) for a in self.args)
+        self.kwargs = {k: swap(v) for k, v in self.kwargs.items()}
+        self.out = swap(self.out)
+
+
+@dataclass
+class Pieces:
+    graphs: list  # [n + 1] torch.cuda.CUDAGraph
+    calls: list[VarlenCall]  # [n]
+    hidden: torch.Tensor  # [T_pad, H], written by the last graph
+    _capture_fb: ForwardBatch | None = field(default=None, repr=False)
+
+
+class PiecewiseGraphs:
+    """Piecewise graphs for every size of `sizes`, sharing one pool and the static input
+    buffers (input ids and positions, [max size] each)."""
+
+    def __init__(self, model: torch.nn.Module, sizes: list[int], device: torch.device | str, table, kv_pool,
+                 state_pool) -> None:
+        self.model = model
+        self.sizes = sorted(set(sizes))
+        self.device = torch.device(device)
+        self.table, self.kv_pool, self.state_pool = table, kv_pool, state_pool
+        self.input_ids = torch.zeros(self.sizes[-1], dtype=torch.int64, device=self.device)
+        self.positions = torch.zeros(self.sizes[-1], dtype=torch.int64, device=self.device)
+        self._marker = torch.zeros(1, device=self.device)  # one kernel in every graph (none is empty)
+        self.pieces: dict[int, Pieces] = {}
+        self.num_steps = 0  # steps replayed (the rest of the multi-token steps ran eagerly)
+
+    def padded_size(self, num_tokens: int) -> int | None:
+        """The size a step of num_tokens runs at, or None (too big: eager)."""
+        return next((s for s in self.sizes if s >= num_tokens), None)
+
+    def padding_batch(self, size: int, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int],
+                      checkpoints=()) -> ForwardBatch:
+        """The step's batch with one padding row (request row 0) up to `size` tokens."""
+        pad = size - sum(extend_lens)
+        if pad < 0:
+            raise ValueError(f"a step of {sum(extend_lens)} tokens does not fit the piecewise size {size}")
+        if pad:
+            req_rows, prefix_lens, extend_lens = req_rows + [0], prefix_lens + [0], extend_lens + [pad]
+        return ForwardBatch.from_plan(req_rows, prefix_lens, extend_lens, self.table, self.kv_pool, self.state_pool,
+                                      checkpoints)
+
+    @staticmethod
+    def _pool_ranges(pool) -> list[tuple[int, int]]:
+        """Address ranges of the allocator's segments that belong to the graph pool."""
+        ranges = []
+        for seg in torch.cuda.memory_snapshot():
+            if tuple(seg.get("segment_pool_id", ())) == tuple(pool):
+                ranges.append((seg["address"], seg["address"] + seg["total_size"]))
+        return ranges
+
+    @torch.inference_mode()
+    def capture(self, graph_class=None) -> None:
+        """Capture every size, largest first. graph_class: None for CUDA graphs (CUDA only); tests
+        pass a class with CUDAGraph's capture_begin / capture_end / replay (a recorder on CPU)."""
+        cuda = graph_class is None
+        if cuda and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
+        pool = torch.cuda.graph_pool_handle() if cuda else None
+        stream = torch.cuda.Stream(self.device) if cuda else None
+        if cuda:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+            for size in reversed(self.sizes):
+                self.pieces[size] = self._capture(size, pool, graph_class or torch.cuda.CUDAGraph)
+        if cuda:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
+            ranges = self._pool_ranges(pool)
+            for pieces in self.pieces.values():
+                for call in pieces.calls:
+                    call.release(ranges)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _capture(self, size: int, pool, graph_class) -> Pieces:
+        fb = self.padding_batch(size, [], [], [])
+        ids, positions = self.input_ids[:size], self.positions[:size]
+        ids.zero_()
+        positions.copy_(fb.positions)
+        self.model(ids, positions, fb)  # warm-up outside capture: compiles, fills the modules' caches
+        self._sync()
+        graphs, calls = [], []
+
+        def begin() -> None:
+            graphs.append(graph_class())
+            graphs[-1].capture_begin(pool=pool)
+            self._marker.zero_()
+
+        def on_varlen_op(fn, bound, out_spec):
+            shape, dtype = out_spec(bound.arguments)
+            out = torch.empty(shape, dtype=dtype, device=self.device)  # inside the graph: pool memory
+            graphs[-1].capture_end()
+            call = VarlenCall(fn, bound.args, dict(bound.kwargs), out)
+            ops.VARLEN_HOOK[0] = None  # nested varlen ops run plainly inside this one
+            try:
+                call.run(None)
+            finally:
+                ops.VARLEN_HOOK[0] = on_varlen_op
+            calls.append(call)
+            begin()
+            return out
+
+        ops.VARLEN_HOOK[0] = on_varlen_op
+        try:
+            begin()
+            hidden = self.model(ids, positions, fb)
+            graphs[-1].capture_end()
+        except BaseException:
+            with contextlib.suppress(Exception):  # a capture left open would poison the stream
+                graphs[-1].capture_end()
+            raise
+        finally:
+            ops.VARLEN_HOOK[0] = None
+        return Pieces(graphs, calls, hidden, _capture_fb=fb)
+
+    def run(self, size: int, fb: ForwardBatch) -> torch.Tensor:
+        """Replay size `size` with the step's batch `fb` (from `padding_batch`); the static input
+        ids must hold the step's ids. Returns the final hidden states [size, H] (static)."""
+        self.positions[:size].copy_(fb.positions)
+        self.num_steps += 1
+        pieces = self.pieces.get(size)
+        if pieces is None:  # not captured (CPU): the same padded step, eagerly
+            return self.model(self.input_ids[:size], self.positions[:size], fb)
+        for i, graph in enumerate(pieces.graphs):
+            graph.replay()
+            if i < len(pieces.calls):
+                pieces.calls[i].run(fb)
+        return pieces.hidden
