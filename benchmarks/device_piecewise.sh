@@ -6,6 +6,9 @@
 #            variants, same machine): wall, GPU time and host share of one mixed step
 #   load     benchmarks/loaded_tpot.py at 64 in flight, hold 0 and 16, without then with
 #            piecewise graphs (each its own engine; the pure-decode step of each as baseline)
+#   fast     kernels/_launch.py (HYBRID_SERVE_TRITON_FAST_LAUNCH=1): the GPU kernel tests with it on,
+#            host_overhead.py launches (JIT vs compiled launcher vs FastLaunch), then the
+#            mixed-step profile with it on and off
 # Usage (device machine, repo root): bash benchmarks/device_piecewise.sh test|profile|load   [writes to $OUT]
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
@@ -31,5 +34,14 @@ case "${1:-test}" in
       timeout 280 python3 benchmarks/loaded_tpot.py --hold-steps 0,16 --engine-args "$args" \
         --json "$OUT/loaded_tpot_$([ "$args" = '{}' ] && echo eager || echo piecewise).json" 2>&1 \
         | grep -vE "Loading|Warm-up|it/s" | grep -E "TPOT|pure decode"
+    done ;;
+  fast)
+    HYBRID_SERVE_TRITON_FAST_LAUNCH=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels \
+      tests/gpu/test_decode_graphs.py 2>&1 | tee "$OUT/fast_launch_tests.log" | grep -E "passed|failed|Error" | tail -8
+    timeout 60 python3 benchmarks/host_overhead.py launches --json "$OUT/launches.json" 2>&1 | tail -3
+    for fl in 0 1; do
+      echo "== HYBRID_SERVE_TRITON_FAST_LAUNCH=$fl"
+      HYBRID_SERVE_TRITON_FAST_LAUNCH=$fl timeout 200 python3 benchmarks/mixed_step_profile.py --variants 0x1x512,63x1x512 \
+        --json "$OUT/mixed_step_profile_fast$fl.json" 2>&1 | grep -E "wall"
     done ;;
 esac

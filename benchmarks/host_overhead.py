@@ -54,6 +54,16 @@ def launch_costs(n: int = 3000) -> dict:
         run(1, 1, 1, stream, fn, meta, None, None, None, *args, 64)  # bound args include the constexpr
     out["triton_compiled_run_us"] = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
+    from hybrid_serve.kernels._launch import FastLaunch  # HYBRID_SERVE_TRITON_FAST_LAUNCH's path
+
+    fast = FastLaunch(touch)
+    for _ in range(3):
+        fast[(1,)](*args, BLOCK=64)
+    t = time.perf_counter()
+    for _ in range(n):
+        fast[(1,)](*args, BLOCK=64)
+    out["triton_fast_launch_us"] = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
     y = xs[0]
     t = time.perf_counter()
     for _ in range(n):

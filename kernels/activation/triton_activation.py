@@ -6,6 +6,8 @@
                        where torch takes three (copy of the slice, sigmoid, multiply)."""
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -66,3 +68,9 @@ def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         _sigmoid_gate_mul_kernel[(t, h)](x, gate, y, h, d, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
                                          BLOCK_D=next_pow2(d))
     return y
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

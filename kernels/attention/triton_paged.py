@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -312,3 +314,9 @@ def warm_up_paged_attention(num_q_heads: int, k_cache: torch.Tensor, v_cache: to
                                 max_extend_len=tokens if one_block else None, block_m=block_m)
                 runs += 1
     return runs
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -15,6 +15,8 @@ after the row's last token).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -205,3 +207,9 @@ def causal_conv1d_varlen(
             conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
             K=width, KW_PAD=next_pow2(width - 1), BLOCK_D=block_d)
     return y
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

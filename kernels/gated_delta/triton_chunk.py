@@ -24,6 +24,8 @@ in parallel). Dots run in the inputs' dtype (bf16 on tensor cores, fp32 as "ieee
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -347,3 +349,8 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                               q.shape[-1] ** -0.5 if scale is None else scale,
                               state_kv=(ssm_states.stride(2), ssm_states.stride(3)))
 
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -3,6 +3,8 @@ beta = sigmoid(b), instead of eight small elementwise kernels per layer (what do
 decode step's launch count at batch 1)."""
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -50,3 +52,9 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
         _gdn_gating_kernel[(triton.cdiv(n, block),)](a, b, A_log, dt_bias, g, beta, n, a.stride(0), b.stride(0),
                                                      HV=num_heads, BLOCK=block)
     return g, beta
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

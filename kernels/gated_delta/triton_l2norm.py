@@ -3,6 +3,8 @@ in fp32, rounded once to x's dtype (l2norm_ref's map), into a contiguous output.
 addressed in two levels, so the strided q / k views of the conv output need no copy."""
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -37,3 +39,9 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         _l2norm_kernel[(triton.cdiv(rows, block_r),)](x, y, rows, heads, float(eps), x.stride(0), x.stride(1),
                                                        D=dim, BD=next_pow2(dim), BLOCK_R=block_r)
     return y
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -16,6 +16,8 @@ raw projections a, b (as kernels/gated_delta/triton_gating.py does; one launch l
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -163,3 +165,9 @@ def gated_delta_rule_recurrent(
         WRITE_POOL=write_pool, num_warps=num_warps,
     )
     return o
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -15,6 +15,8 @@ rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP 
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -101,3 +103,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
         BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     return y
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

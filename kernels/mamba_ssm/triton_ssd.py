@@ -7,6 +7,8 @@ V = head_dim, the SSM state S = h^T (the pool keeps h [P, N], so S is read trans
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -130,3 +132,9 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     y = chunked_recurrence(C.to(x.dtype), B.to(x.dtype), v, g, None, ssm_states, state_slots, chunks, 1.0,
                            state_kv=(ssm_states.stride(3), ssm_states.stride(2)))
     return ssd_finish(y, x, D, out_dtype or x.dtype)
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -14,6 +14,8 @@ row's last token).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -147,3 +149,9 @@ def selective_state_update_varlen(
         WRITE_POOL=write_pool, num_warps=4 if block_p * block_n >= 2048 else 1,
     )
     return y
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -24,6 +24,8 @@ CUDA graph padded to 8). Here every token adds its K terms in slot order, whatev
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -256,3 +258,9 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     block_h = min(1024, next_pow2(hidden))
     _combine_topk_kernel[(num_tokens, triton.cdiv(hidden, block_h))](y, out, hidden, TOP_K=top_k, BLOCK_H=block_h)
     return out
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

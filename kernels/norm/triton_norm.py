@@ -13,6 +13,8 @@ with n = norm(x) = x * rsqrt(mean(x^2) + eps) in fp32 and round_x a cast to x's 
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -186,3 +188,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
             D=dim, BD=block_d, BLOCK_R=block_r, ZERO_CENTERED=zero_centered,
             num_warps=4 if block_d * block_r >= 2048 else 2)
     return normed, summed
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -11,6 +11,8 @@ which is what the torch reference computes op by op in q's dtype. Dims past rot 
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -99,3 +101,9 @@ def rotary_neox(
         COPY_PASS=(not inplace) and head_dim > 2 * half,
     )
     return q_out, k_out
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -13,6 +13,8 @@ batch. Callers advance `offsets` per step (e.g. the number of tokens generated s
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -128,3 +130,9 @@ def sample_tokens(
         APPLY_TEMPERATURE=not masking, BLOCK_V=block_v, num_warps=8 if block_v >= 2048 else 4,
     )
     return tokens
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

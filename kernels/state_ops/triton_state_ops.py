@@ -6,6 +6,8 @@ launch needs no host sync. See ref.py for the exact semantics.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import triton
 import triton.language as tl
@@ -122,3 +124,9 @@ def copy_state_slots(pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: tor
     grid = (triton.cdiv(features, _BLOCK), num, pool.shape[0])
     _copy_slots_kernel[grid](pool, src_slots, dst_slots, features, pool.shape[1], pool.stride(0), pool.stride(1),
                              BLOCK=_BLOCK)
+
+
+# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
+from .._launch import install as _install_fast_launch  # noqa: E402
+
+_install_fast_launch(sys.modules[__name__])

@@ -1,0 +1,88 @@
+"""A leaner host path for launching the kernels (opt-in: HYBRID_SERVE_TRITON_FAST_LAUNCH=1).
+
+`kernel[grid](...)` costs about 28 us of host time on an H100 host (benchmarks/host_overhead.py),
+of which the launch itself (the compiled kernel's launcher) is about 10. The rest is bookkeeping
+that a serving loop repeats with the same answer: the launch options turned into a string for
+the cache key, the key's lookup, the check of global values, the launch metadata built for
+profiling hooks, the device and stream queried through the driver layer. `FastLaunch` keeps
+Triton's own binder (so a launch specializes exactly as Triton would: argument types, 16-byte
+alignment of pointers, integers equal to 1 or multiples of 16, constexprs), keys its own
+cache on that specialization, the launch options and the device, and on a hit calls the
+compiled kernel's launcher directly. A miss (or launch hooks set, as profilers do) goes
+through Triton's path, which compiles and launches; its compiled kernel is kept.
+
+`install(module)` wraps the module's launched kernels (`*_kernel` JIT functions), rebinding
+the names the call sites look up. Off by default until measured on a GPU.
+"""
+from __future__ import annotations
+
+import os
+import types
+
+FAST_LAUNCH_ENV = "HYBRID_SERVE_TRITON_FAST_LAUNCH"
+
+
+def fast_launch_enabled() -> bool:
+    return os.environ.get(FAST_LAUNCH_ENV, "0") == "1" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+class FastLaunch:
+    """Wraps a JITFunction: `wrapped[grid](*args, **kwargs)` as `fn[grid](...)`; other
+    attributes pass through."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.cache: dict = {}
+
+    def __getattr__(self, name):
+        return getattr(self.fn, name)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        import torch
+        from triton import knobs
+
+        device = torch.cuda.current_device()
+        if _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook):
+            return self.fn[grid](*args, **kwargs)
+        caches = self.fn.device_caches.get(device)
+        if caches is None:  # first launch on this device: Triton builds its binder
+            return self._miss(None, grid, args, kwargs)
+        binder = caches[4]
+        bound_args, specialization, options = binder(*args, **kwargs)
+        key = (device, tuple(specialization), tuple(options.items()))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            return self._miss(key, grid, args, kwargs)
+        if callable(grid):
+            grid = grid(bound_args)
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        kernel.run(grid[0], g1, g2, torch._C._cuda_getCurrentRawStream(device), kernel.function,
+                   kernel.packed_metadata, None, None, None, *bound_args.values())
+        return kernel
+
+    def _miss(self, key, grid, args, kwargs):
+        kernel = self.fn[grid](*args, **kwargs)
+        if key is not None and kernel is not None and not hasattr(kernel, "result"):
+            self.cache[key] = kernel
+        return kernel
+
+
+def _active(hook) -> bool:
+    """A launch hook that would do something (Triton 3.6 keeps an empty HookChain by default)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def install(module: types.ModuleType) -> None:
+    """Wrap the module's launched kernels (module-level `*_kernel` JIT functions) when the
+    fast launch is enabled."""
+    if not fast_launch_enabled():
+        return
+    from triton.runtime.jit import JITFunction
+
+    for name, value in list(vars(module).items()):
+        if name.endswith("_kernel") and isinstance(value, JITFunction):
+            setattr(module, name, FastLaunch(value))

@@ -1,0 +1,87 @@
+"""kernels/_launch.py's FastLaunch with a stand-in for Triton's JIT function (the real launches
+run in the GPU kernel tests with HYBRID_SERVE_TRITON_FAST_LAUNCH=1): a miss goes through the
+JIT path and keeps its compiled kernel, a hit launches that kernel directly with the grid and
+the bound arguments in signature order, a new specialization or launch option misses again,
+and profiler hooks send every launch through the JIT path."""
+import pytest
+import torch
+
+pytest.importorskip("triton")
+from triton import knobs  # noqa: E402
+
+from hybrid_serve.kernels import _launch  # noqa: E402
+
+
+class _Compiled:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, *launch):
+        self.log.append(("run", launch))
+
+
+class _Jit:
+    """Binds (x, n, BLOCK): specialization from n's value class, as Triton's binder would."""
+
+    def __init__(self):
+        self.log, self.compiled = [], {}
+        self.device_caches = {}
+
+    def _binder(self, x, n, BLOCK, **options):
+        return {"x": x, "n": n, "BLOCK": BLOCK}, [("*fp32", "D"), ("i32", "D" if n % 16 == 0 else ""),
+                                                  ("constexpr", BLOCK)], options
+
+    def __getitem__(self, grid):
+        def jit_launch(*args, **kwargs):
+            self.device_caches.setdefault(0, (None, None, None, None, self._binder))
+            bound, spec, options = self._binder(*args, **kwargs)
+            key = (tuple(spec), tuple(options.items()))
+            kernel = self.compiled.setdefault(key, _Compiled(self.log))
+            self.log.append(("jit", grid, tuple(bound.values())))
+            return kernel
+        return jit_launch
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+
+
+def test_hits_launch_the_kept_kernel(fake_cuda):
+    jit = _Jit()
+    fast = _launch.FastLaunch(jit)
+    fast[(4,)]("x0", 32, BLOCK=64)  # first launch on the device: the JIT path builds its binder
+    fast[(4,)]("x0", 48, BLOCK=64)  # same specialization, not yet kept: JIT path, kept now
+    fast[(5, 2)]("x1", 64, BLOCK=64)  # hit
+    assert [e[0] for e in jit.log] == ["jit", "jit", "run"]
+    assert jit.log[-1] == ("run", (5, 2, 1, 77, "fn", "meta", None, None, None, "x1", 64, 64))
+    fast[lambda meta: (meta["n"] // 8,)]("x2", 80, BLOCK=64)  # a grid function gets the bound args
+    assert jit.log[-1] == ("run", (10, 1, 1, 77, "fn", "meta", None, None, None, "x2", 80, 64))
+    fast[(1,)]("x3", 7, BLOCK=64)  # n % 16 != 0: another specialization, a miss
+    fast[(1,)]("x3", 7, BLOCK=64, num_warps=8)  # another launch option: a miss
+    fast[(1,)]("x4", 9, BLOCK=64, num_warps=8)
+    assert [e[0] for e in jit.log[-3:]] == ["jit", "jit", "run"]
+    assert len(fast.cache) == 3
+
+
+def test_hooks_take_the_jit_path(fake_cuda, monkeypatch):
+    jit = _Jit()
+    fast = _launch.FastLaunch(jit)
+    for _ in range(3):  # binder built, kernel kept, hit
+        fast[(1,)]("x", 16, BLOCK=32)
+    assert jit.log[-1][0] == "run"  # Triton's default hooks: empty chains
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    fast[(1,)]("x", 16, BLOCK=32)
+    assert jit.log[-1][0] == "jit"
+
+
+def test_install_only_when_enabled(monkeypatch):
+    import types
+    module = types.ModuleType("m")
+    module.marker_kernel = object()
+    monkeypatch.delenv(_launch.FAST_LAUNCH_ENV, raising=False)
+    _launch.install(module)
+    assert not isinstance(module.marker_kernel, _launch.FastLaunch)
