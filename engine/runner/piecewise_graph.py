@@ -10,7 +10,8 @@ state recurrences with their checkpoints) depend on its rows. So per padded size
 Capture (largest size first, one memory pool, on a side stream): the model's forward runs on
 a batch of one padding row of T_pad tokens (request row 0: KV slot 0 and state slot 0, the
 dummies). Each varlen op call allocates its output inside the running graph, ends that
-graph, runs the op eagerly (outside capture) into that output and starts the next graph. A
+graph, runs the op eagerly (outside capture) with that output as its `out` and starts the
+next graph. A
 size's capture is graph_0, op_0, graph_1, op_1, ..., graph_n; graph_n ends with the final
 hidden states [T_pad, H].
 
@@ -56,8 +57,9 @@ def _borrowed(t: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class VarlenCall:
-    """One recorded varlen op: fn(*args, **kwargs) with the step's ForwardBatch substituted,
-    its result copied into `out` (static, read by the next graph)."""
+    """One recorded varlen op: fn(*args, **kwargs, out=out) with the step's ForwardBatch
+    substituted; `out` (static, read by the next graph) receives its result (written in place
+    by the kernel paths, copied from what the reference paths return)."""
 
     fn: object
     args: tuple
@@ -70,11 +72,13 @@ class VarlenCall:
             kwargs = {k: fb if isinstance(v, ForwardBatch) else v for k, v in self.kwargs.items()}
         else:
             args, kwargs = self.args, self.kwargs
-        result = self.fn(*args, **kwargs)
+        result = self.fn(*args, **kwargs, out=self.out)  # the kernel paths write `out` itself
+        if result.data_ptr() == self.out.data_ptr():
+            return
         if result.shape != self.out.shape:
             raise RuntimeError(f"varlen op {getattr(self.fn, '__name__', self.fn)} returned {tuple(result.shape)}, "
                                f"its captured output is {tuple(self.out.shape)}")
-        self.out.copy_(result)
+        self.out.copy_(result)  # (the reference paths return a new tensor)
 
     def release(self, pool_ranges: list[tuple[int, int]]) -> None:
         """Replace the tensors that live in the graph pool (address ranges) by views that do not

@@ -302,6 +302,7 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     check_index_range("state_slots", state_slots, 0, states.shape[0], allow_negative=True)
     check_index_range("chunk_ckpt_slot", chunks.chunk_ckpt_slot, 0, states.shape[0], allow_negative=True)
     o = out if out is not None else torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
+    check_tensor("out", o, ndim=3, dtypes=(v.dtype,), shape=(num_tokens, num_v_heads, dv), device=q.device)
     if batch == 0 or num_tokens == 0:
         return o
     dtype, nc = q.dtype, chunks.num_chunks
@@ -337,17 +338,19 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 
 def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                              ssm_states: torch.Tensor, state_slots: torch.Tensor, chunks: ChunkTable,
-                             scale: float | None = None, use_qk_l2norm: bool = True) -> torch.Tensor:
+                             scale: float | None = None, use_qk_l2norm: bool = True,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
     """Gated delta rule over a varlen batch in chunks (prefill): gated_delta_rule_varlen_ref's
     map. q, k: [T, H, Dk]; v: [T, HV, Dv]; g: [T, HV] log decay (<= 0); beta: [T, HV];
     ssm_states: [N+1, HV, Dk, Dv] fp32, updated in place (checkpoint slots of `chunks`
-    receive the states at their positions); state_slots: [B]. Returns o: [T, HV, Dv] in v's dtype."""
+    receive the states at their positions); state_slots: [B]; out: optional [T, HV, Dv] buffer.
+    Returns o: [T, HV, Dv] in v's dtype."""
     check_tensor("ssm_states", ssm_states, ndim=4, dtypes=(torch.float32,))
     if use_qk_l2norm:  # in fp32, rounded once to the model dtype (the dots' inputs)
         q, k = l2norm(q), l2norm(k)
     return chunked_recurrence(q, k, v, g.float().contiguous(), beta.contiguous(), ssm_states, state_slots, chunks,
                               q.shape[-1] ** -0.5 if scale is None else scale,
-                              state_kv=(ssm_states.stride(2), ssm_states.stride(3)))
+                              state_kv=(ssm_states.stride(2), ssm_states.stride(3)), out=out)
 
 
 # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py

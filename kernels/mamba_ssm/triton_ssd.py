@@ -102,13 +102,17 @@ def ssd_prepare(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, dt_bias: tor
     return g, v
 
 
-def ssd_finish(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """`ssd_finish_ref` in one launch. y, x: [T, H, P] (last dim contiguous); D: [H] or None."""
+def ssd_finish(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None, out_dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """`ssd_finish_ref` in one launch. y, x: [T, H, P] (last dim contiguous); D: [H] or None;
+    out: optional contiguous [T, H, P] buffer of out_dtype."""
     num_tokens, num_heads, head_dim = x.shape
     check_tensor("y", y, ndim=3, dtypes=FLOAT_DTYPES, shape=tuple(x.shape))
     if D is not None:
         check_tensor("D", D, ndim=1, dtypes=FLOAT_DTYPES, shape=(num_heads,), contiguous=True)
-    out = torch.empty((num_tokens, num_heads, head_dim), dtype=out_dtype, device=x.device)
+    if out is None:
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=out_dtype, device=x.device)
+    check_tensor("out", out, ndim=3, dtypes=(out_dtype,), shape=tuple(x.shape), contiguous=True, device=x.device)
     if num_tokens:
         _ssd_finish_kernel[(num_tokens,)](
             y, x, D if D is not None else y, out, num_tokens, y.stride(0), y.stride(1), x.stride(0), x.stride(1),
@@ -119,19 +123,20 @@ def ssd_finish(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None, out_dty
 def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                 D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor,
                 state_slots: torch.Tensor, chunks: ChunkTable, dt_softplus: bool = True,
-                dt_limit: tuple[float, float] = (0.0, float("inf")), out_dtype: torch.dtype | None = None
-                ) -> torch.Tensor:
+                dt_limit: tuple[float, float] = (0.0, float("inf")), out_dtype: torch.dtype | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """selective_state_update_varlen_ref's map over a varlen batch, in chunks. x: [T, H, P];
     dt: [T, H] raw; A: [H] (negative); B, C: [T, G, N] (strided views fine, last dim
     contiguous); D, dt_bias: [H] or None; ssm_states: [N_slots+1, H, P, N] fp32, updated in
     place (checkpoint slots of `chunks` receive the states at their positions);
-    state_slots: [B]. Returns y: [T, H, P] in out_dtype (default x's dtype)."""
+    state_slots: [B]; out: optional contiguous [T, H, P] buffer. Returns y: [T, H, P] in
+    out_dtype (default x's dtype)."""
     check_tensor("x", x, ndim=3, dtypes=FLOAT_DTYPES)
     check_tensor("ssm_states", ssm_states, ndim=4, dtypes=(torch.float32,))
     g, v = ssd_prepare(x, dt, A, dt_bias, dt_softplus, dt_limit)  # [T, H] fp32 log decay, [T, H, P] dt x
     y = chunked_recurrence(C.to(x.dtype), B.to(x.dtype), v, g, None, ssm_states, state_slots, chunks, 1.0,
                            state_kv=(ssm_states.stride(3), ssm_states.stride(2)))
-    return ssd_finish(y, x, D, out_dtype or x.dtype)
+    return ssd_finish(y, x, D, out_dtype or x.dtype, out=out)
 
 
 # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py

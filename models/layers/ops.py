@@ -40,7 +40,9 @@ VARLEN_HOOK: list = [None]
 
 def varlen_op(out_spec):
     """Mark a varlen op. out_spec(arguments by name) -> (shape, dtype) of its one output tensor
-    (what a capture allocates inside the graph before running the op eagerly)."""
+    (what a capture allocates inside the graph before running the op eagerly). A varlen op
+    takes `out=`, a buffer of that shape its kernel path writes (its reference path may
+    return a new tensor instead)."""
     def mark(fn):
         signature = inspect.signature(fn)
 
@@ -148,22 +150,25 @@ SDPA_MAX_ROWS = 4
 
 @varlen_op(lambda a: ((a["q"].shape[0], a["q"].shape[1], a["v_cache"].shape[-1]), a["q"].dtype))
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              scale: float, fb: ForwardBatch) -> torch.Tensor:
+              scale: float, fb: ForwardBatch, out: torch.Tensor | None = None) -> torch.Tensor:
     """Store this step's K/V at fb.kv_slots, then causal attention of q [T, Hq, D] over each
-    request's context -> [T, Hq, Dv] in q's dtype. k: [T, Hkv, D]; v: [T, Hkv, Dv]."""
+    request's context -> [T, Hq, Dv] in q's dtype. k: [T, Hkv, D]; v: [T, Hkv, Dv]. out: an
+    optional [T, Hq, Dv] buffer the kernel path writes (the varlen ops' `out`: piecewise graphs;
+    a path may return a new tensor instead)."""
     store_kv(k_cache, v_cache, k, v, fb)
     if not use_triton(q) or fb.max_extend_len < EXTEND_ATTENTION_MIN_TOKENS:
-        return paged_attention(q, k_cache, v_cache, scale, fb)
+        return paged_attention(q, k_cache, v_cache, scale, fb, out)
     long_rows = [b for b, n in enumerate(fb.plan.extend_lens) if n >= EXTEND_ATTENTION_MIN_TOKENS] \
         if fb.plan is not None else None
     if long_rows is not None and len(long_rows) <= SDPA_MAX_ROWS:
         p = fb.plan
-        o = torch.empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=q.dtype, device=q.device)
+        o = out if out is not None else torch.empty((q.shape[0], q.shape[1], v_cache.shape[-1]), dtype=q.dtype,
+                                                    device=q.device)
         _attn.extend_attention_sdpa(q, k, v, k_cache, v_cache, fb.req_to_token, p.req_rows, p.prefix_lens,
                                     p.cu_seqlens, long_rows, scale, o)
     else:
         o = _attn.extend_attention(q, k, v, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
-                                   fb.cu_seqlens, scale, min_tokens=EXTEND_ATTENTION_MIN_TOKENS)
+                                   fb.cu_seqlens, scale, out=out, min_tokens=EXTEND_ATTENTION_MIN_TOKENS)
     if fb.min_extend_len is None or fb.min_extend_len < EXTEND_ATTENTION_MIN_TOKENS:  # short rows too
         _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens, fb.cu_seqlens,
                               scale, out=o, skip_longer_than=EXTEND_ATTENTION_MIN_TOKENS - 1)
@@ -171,11 +176,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
-                    fb: ForwardBatch) -> torch.Tensor:
-    """q: [T, Hq, D] over each request's paged context -> [T, Hq, Dv] in q's dtype."""
+                    fb: ForwardBatch, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q: [T, Hq, D] over each request's paged context -> [T, Hq, Dv] in q's dtype (into `out`
+    on the kernel path, if given)."""
     if use_triton(q):
         return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
-                                     fb.cu_seqlens, scale, max_extend_len=fb.max_extend_len)
+                                     fb.cu_seqlens, scale, out=out, max_extend_len=fb.max_extend_len)
     return _attn.paged_attention_ref(q, k_cache, v_cache, fb.req_to_token, fb.host.req_rows, fb.host.prefix_lens,
                                      fb.host.extend_lens, scale)
 
@@ -203,20 +209,20 @@ def _verify_kwargs(fb: ForwardBatch, ssm_states: torch.Tensor) -> dict:
 
 @varlen_op(lambda a: (tuple(a["x"].shape), a["x"].dtype))
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor,
-                  fb: ForwardBatch, activation: str | None) -> torch.Tensor:
+                  fb: ForwardBatch, activation: str | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [T, D]; weight: [D, K]; conv_states: [N+1, D, K-1] (updated in place; checkpoint
     slots of fb.checkpoints receive the windows at their positions) -> y: [T, D]."""
     if fb.spec_scratch_steps and use_triton(x):  # verify batch in scratch order: windows to the scratch
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
                                           intermediate_conv_windows=fb.state_pool.layer_scratch(conv_states),
-                                          update_pool=True)
+                                          update_pool=True, out=out)
     if fb.checkpoints:  # (checkpoints come with a plan: its host lists, no sync)
         _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host_cu_seqlens, fb.checkpoints,
                                     fb.conv_snapshot_index(conv_states.shape[-1]))
     if use_triton(x):
         split = fb.row_split(RECURRENT_MAX_TOKENS)
         if split is not None:  # decode rows and prompt chunks as two launches, each of its own shape
-            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            y = out if out is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
             n = split.tokens
             _conv.causal_conv1d_varlen(x[:n], weight, bias, conv_states, split.short_slots, split.short_cu_seqlens,
                                        activation, out=y[:n], max_seqlen=split.short_max_len)
@@ -224,7 +230,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                                        activation, out=y[n:], max_seqlen=split.long_max_len)
             return y
         return _conv.causal_conv1d_varlen(x, weight, bias, conv_states, fb.state_slots, fb.cu_seqlens, activation,
-                                          max_seqlen=fb.max_extend_len)
+                                          out=out, max_seqlen=fb.max_extend_len)
     return _conv.causal_conv1d_varlen_ref(x, weight, bias, conv_states, fb.host.state_slots, fb.host.cu_seqlens,
                                           activation)
 
@@ -239,7 +245,8 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
 
 @varlen_op(_out_like_v)
 def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     ssm_states: torch.Tensor, fb: ForwardBatch, use_qk_l2norm: bool = True) -> torch.Tensor:
+                     ssm_states: torch.Tensor, fb: ForwardBatch, use_qk_l2norm: bool = True,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """q, k: [T, H, Dk]; v: [T, HV, Dv]; g, beta: [T, HV]; ssm_states: [N+1, HV, Dk, Dv]
     (updated in place, checkpoint slots too) -> o: [T, HV, Dv] in v's dtype."""
     if use_triton(q):
@@ -247,15 +254,16 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             split = fb.row_split(RECURRENT_MAX_TOKENS)
             if split is None:
                 return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
-                                                     fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm)
+                                                     fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm, out=out)
             o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
-                                              fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm)
+                                              fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm,
+                                              out=out)
             n = split.tokens
             _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], g[:n], beta[:n], ssm_states, split.short_slots,
                                             split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, out=o[:n])
             return o
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
-                                               use_qk_l2norm=use_qk_l2norm, **_verify_kwargs(fb, ssm_states))
+                                               use_qk_l2norm=use_qk_l2norm, out=out, **_verify_kwargs(fb, ssm_states))
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
                                             use_qk_l2norm=use_qk_l2norm, checkpoints=fb.checkpoints)
 
@@ -264,25 +272,26 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
 def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor,
                                       b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
                                       ssm_states: torch.Tensor, fb: ForwardBatch,
-                                      use_qk_l2norm: bool = True) -> torch.Tensor:
+                                      use_qk_l2norm: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """gdn_gating(a, b, A_log, dt_bias) then gated_delta_rule: a, b: [T, HV] raw projections.
     The recurrent kernel computes the gates itself (one launch)."""
     if use_triton(q) and not _chunked(fb):
         return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
-                                               use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias),
+                                               use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias), out=out,
                                                **_verify_kwargs(fb, ssm_states))
     split = fb.row_split(RECURRENT_MAX_TOKENS) if use_triton(q) else None
     if split is not None:  # prompt rows chunked, then the decode rows as a decode step runs them
         g, beta = gdn_gating(a, b, A_log, dt_bias)
         o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
-                                          fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm)
+                                          fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm,
+                                          out=out)
         n = split.tokens
         _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], a[:n], b[:n], ssm_states, split.short_slots,
                                         split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias),
                                         out=o[:n])
         return o
     g, beta = gdn_gating(a, b, A_log, dt_bias)
-    return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm)
+    return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out=out)
 
 
 @varlen_op(lambda a: (tuple(a["x"].shape), a["out_dtype"] or a["x"].dtype))
@@ -290,7 +299,7 @@ def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
                            D: torch.Tensor | None, dt_bias: torch.Tensor | None, ssm_states: torch.Tensor,
                            fb: ForwardBatch, *,
                            dt_softplus: bool, dt_limit: tuple[float, float],
-                           out_dtype: torch.dtype | None) -> torch.Tensor:
+                           out_dtype: torch.dtype | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """x: [T, H, P]; dt: [T, H]; A, D, dt_bias: [H]; B, C: [T, G, N]; ssm_states: [N_slots+1, H, P, N]
     (updated in place, checkpoint slots too) -> y: [T, H, P] in out_dtype."""
     kwargs = dict(dt_softplus=dt_softplus, dt_limit=dt_limit, out_dtype=out_dtype)
@@ -299,15 +308,15 @@ def selective_state_update(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
             split = fb.row_split(RECURRENT_MAX_TOKENS)
             if split is None:
                 return _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
-                                        fb.chunk_table(STATE_CHUNK), **kwargs)
+                                        fb.chunk_table(STATE_CHUNK), out=out, **kwargs)
             y = _ssm.ssd_chunked(x, dt, A, B, C, D, dt_bias, ssm_states, split.long_slots,
-                                 fb.chunk_table(STATE_CHUNK, split.rows), **kwargs)
+                                 fb.chunk_table(STATE_CHUNK, split.rows), out=out, **kwargs)
             n = split.tokens  # the decode rows as a decode step runs them
             _ssm.selective_state_update_varlen(x[:n], dt[:n], A, B[:n], C[:n], D, dt_bias, ssm_states,
                                                split.short_slots, split.short_cu_seqlens, out=y[:n], **kwargs)
             return y
         return _ssm.selective_state_update_varlen(x, dt, A, B, C, D, dt_bias, ssm_states, fb.state_slots,
-                                                  fb.cu_seqlens, **kwargs, **_verify_kwargs(fb, ssm_states))
+                                                  fb.cu_seqlens, out=out, **kwargs, **_verify_kwargs(fb, ssm_states))
     return _ssm.selective_state_update_varlen_ref(x, dt, A, B, C, D, dt_bias, ssm_states, fb.host.state_slots,
                                                   fb.host.cu_seqlens, checkpoints=fb.checkpoints, **kwargs)
 

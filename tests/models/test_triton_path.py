@@ -103,3 +103,36 @@ def test_triton_path_matches_reference(family, steps, models, monkeypatch):
     assert _rel(tri_logits, ref_logits) < 1e-4, f"{family}: logits differ"
     for i, (got, want) in enumerate(zip(tri_pools, ref_pools)):
         assert _rel(got, want) < 1e-4, f"{family}: pool tensor {i} differs"
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "bamba", "lfm2"])
+def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
+    """Piecewise graphs hand every varlen op (ops.varlen_op) an `out` buffer its kernel path
+    must write and return: the same steps with such a hook give the same logits and pools."""
+    from hybrid_serve.models.layers import ops
+
+    model = models(family, TRITON_DEVICE)
+    gen = torch.Generator().manual_seed(2)
+    token_ids = {row: torch.randint(0, model.hf_config.vocab_size, (48,), generator=gen) for row in ROW_STATE_SLOTS}
+    steps = STEPS["decode-first-mixed"] + STEPS["long-mixed-then-decode"][1:]
+    want_logits, want_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE)
+    calls = []
+
+    def hand_out(fn, bound, out_spec):
+        shape, dtype = out_spec(bound.arguments)
+        out = torch.full(shape, float("nan"), dtype=dtype, device=TRITON_DEVICE)
+        ops.VARLEN_HOOK[0] = None
+        try:
+            result = fn(*bound.args, **bound.kwargs, out=out)
+        finally:
+            ops.VARLEN_HOOK[0] = hand_out
+        assert result.data_ptr() == out.data_ptr(), f"{fn.__name__} did not write its out buffer"
+        calls.append(fn.__name__)
+        return result
+
+    monkeypatch.setattr(ops, "VARLEN_HOOK", [hand_out])
+    got_logits, got_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE)
+    assert calls
+    assert _rel(got_logits, want_logits) < 1e-6
+    for got, want in zip(got_pools, want_pools):
+        assert _rel(got, want) < 1e-6
