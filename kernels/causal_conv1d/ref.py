@@ -89,7 +89,7 @@ def conv_snapshot_index(width: int, cu_seqlens: list[int], checkpoints: list[tup
     return ConvSnapshotIndex(*pool, *xs)
 
 
-def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
+def snapshot_conv_windows_ref(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
                           cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]],
                           index: ConvSnapshotIndex | None = None) -> None:
     """conv_states[slot] <- the window before token `offset` of batch row `row` (its K-1
@@ -97,8 +97,8 @@ def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slot
     windows: inputs before the step come from the row's own slot (zeros for a negative
     slot). x: [T, D]; conv_states: [N+1, D, K-1]; state_slots: [B] (device, read on the
     device); cu_seqlens: [B+1] host list; index: `conv_snapshot_index` of the same
-    arguments (built here if None; a step's conv layers share one). Plain torch indexing:
-    the CPU and the GPU path."""
+    arguments (built here if None; a step's conv layers share one). Plain torch indexing: the
+    CPU path and the reference of triton_conv.snapshot_conv_windows."""
     width = conv_states.shape[-1]
     if not checkpoints or width == 0:
         return

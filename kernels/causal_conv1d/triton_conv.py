@@ -27,6 +27,7 @@ from .._common import (
     next_pow2, verify_scratch,
 )
 from .._triton_common import varlen_row
+from .ref import ConvSnapshotIndex
 
 
 TOKEN_TILE = 64  # tokens per program when a launch is cut into tiles (long prefill rows)
@@ -207,6 +208,58 @@ def causal_conv1d_varlen(
             conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
             K=width, KW_PAD=next_pow2(width - 1), BLOCK_D=block_d)
     return y
+
+
+
+# per-step index tensors and counts not specialized: one compiled variant per source kind
+@triton.jit(do_not_specialize=["slots_ptr", "dst_slots_ptr", "dst_cols_ptr", "src_ptr_a", "src_cols_ptr"])
+def _conv_snapshot_kernel(x_ptr, states_ptr, slots_ptr, dst_slots_ptr, dst_cols_ptr, src_ptr_a, src_cols_ptr,
+                          num_channels, num_slots, stride_x_t, stride_s_n, stride_s_d, stride_s_k,
+                          FROM_X: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Tap t of the checkpoint windows: conv_states[dst_slot, :, dst_col] <- x[token] (FROM_X;
+    src_ptr_a holds the tokens) or <- conv_states[state_slots[row], :, col] (src_ptr_a: rows;
+    zeros for a row without a state)."""
+    t, pid_d = tl.program_id(0), tl.program_id(1)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < num_channels
+    dst_slot = tl.load(dst_slots_ptr + t).to(tl.int64)
+    dst_col = tl.load(dst_cols_ptr + t).to(tl.int64)
+    if FROM_X:
+        token = tl.load(src_ptr_a + t).to(tl.int64)
+        vals = tl.load(x_ptr + token * stride_x_t + offs_d, mask=mask_d, other=0.0)
+    else:
+        slot = tl.load(slots_ptr + tl.load(src_ptr_a + t)).to(tl.int64)
+        col = tl.load(src_cols_ptr + t).to(tl.int64)
+        has_state = (slot >= 0) & (slot < num_slots)
+        vals = tl.load(states_ptr + slot * stride_s_n + offs_d * stride_s_d + col * stride_s_k,
+                       mask=mask_d & has_state, other=0.0)
+    tl.store(states_ptr + dst_slot * stride_s_n + offs_d * stride_s_d + dst_col * stride_s_k,
+             vals.to(states_ptr.dtype.element_ty), mask=mask_d)
+
+
+def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
+                          index: ConvSnapshotIndex) -> None:
+    """ref.snapshot_conv_windows's writes in at most two launches (taps from the slots' windows,
+    then taps from x): conv_states[slot] <- the K-1 inputs before each checkpoint. Checkpoint
+    slots are never a row's own slot, so the two launches read nothing the other writes.
+    x: [T, D] (last dim contiguous); conv_states: [N+1, D, K-1]; state_slots: [B];
+    index: `conv_snapshot_index` of the step."""
+    check_launch_device("snapshot_conv_windows", x)
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    dim = x.shape[1]
+    check_tensor("conv_states", conv_states, ndim=3, dtypes=FLOAT_DTYPES, shape=(None, dim, None),
+                 last_contiguous=False)
+    block_d = min(256, next_pow2(dim))
+    common = (dim, conv_states.shape[0], x.stride(0), conv_states.stride(0), conv_states.stride(1),
+              conv_states.stride(2))
+    if index.pool_rows is not None and index.pool_rows.numel():
+        _conv_snapshot_kernel[(index.pool_rows.numel(), triton.cdiv(dim, block_d))](
+            x, conv_states, state_slots, index.pool_dst_slots, index.pool_dst_cols, index.pool_rows, index.pool_cols,
+            *common, FROM_X=False, BLOCK_D=block_d)
+    if index.x_tokens is not None and index.x_tokens.numel():
+        _conv_snapshot_kernel[(index.x_tokens.numel(), triton.cdiv(dim, block_d))](
+            x, conv_states, state_slots, index.x_dst_slots, index.x_dst_cols, index.x_tokens, index.x_tokens,
+            *common, FROM_X=True, BLOCK_D=block_d)
 
 
 # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py

@@ -217,8 +217,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                                           intermediate_conv_windows=fb.state_pool.layer_scratch(conv_states),
                                           update_pool=True, out=out)
     if fb.checkpoints:  # (checkpoints come with a plan: its host lists, no sync)
-        _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, fb.host_cu_seqlens, fb.checkpoints,
-                                    fb.conv_snapshot_index(conv_states.shape[-1]))
+        index = fb.conv_snapshot_index(conv_states.shape[-1])
+        if use_triton(x):
+            _conv.snapshot_conv_windows(x, conv_states, fb.state_slots, index)
+        else:
+            _conv.snapshot_conv_windows_ref(x, conv_states, fb.state_slots, fb.host_cu_seqlens, fb.checkpoints, index)
     if use_triton(x):
         split = fb.row_split(RECURRENT_MAX_TOKENS)
         if split is not None:  # decode rows and prompt chunks as two launches, each of its own shape

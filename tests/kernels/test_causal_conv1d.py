@@ -155,3 +155,35 @@ def test_conv_verify_with_pool_update_keeps_all_but_the_last_window_and_updates_
     for row, n in enumerate(lens):
         assert torch.equal(scratch[row, : min(n, 3)], full[row, : min(n, 3)])
         assert torch.isnan(scratch[row, n:]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_snapshot_windows_match_ref(dtype):
+    """Checkpoint windows (taps from the rows' own windows, from x, from a row without a state)
+    written by the kernel equal snapshot_conv_windows_ref's, on a strided x and a pool whose
+    last dim is not contiguous; nothing else in the pool changes."""
+    from hybrid_serve.kernels.causal_conv1d import (conv_snapshot_index, snapshot_conv_windows,
+                                                    snapshot_conv_windows_ref)
+    gen = torch.Generator().manual_seed(5)
+    dim, width = 40, 3  # K - 1 = 3 taps
+    cu = [0, 6, 7, 17]  # rows of 6, 1 and 10 tokens
+    x = torch.randn(cu[-1], dim + 8, generator=gen).to(dtype)[:, 4:4 + dim].to(DEVICE)  # strided rows
+    pool = torch.randn(10, width, dim, generator=gen).to(dtype).transpose(1, 2).to(DEVICE)  # [N+1, D, K-1]
+    slots = torch.tensor([3, -1, 5], dtype=torch.int32, device=DEVICE)  # row 1 has no state
+    # (row, offset, checkpoint slot): offsets 1 and 2 reach back into the slot's window, 4 and 7
+    # read x only
+    checkpoints = [(0, 1, 7), (0, 4, 8), (2, 2, 9), (2, 7, 6)]
+    index = conv_snapshot_index(width, cu, checkpoints, DEVICE)
+    want = pool.clone()
+    snapshot_conv_windows_ref(x, want, slots, cu, checkpoints, index)
+    got = pool.clone()
+    snapshot_conv_windows(x, got, slots, index)
+    assert torch.equal(got, want)
+    assert not torch.equal(want, pool)  # the checkpoints were written
+    # a checkpoint of a row without a state: its taps before the row are zeros
+    index = conv_snapshot_index(width, [0, 2, 4], [(1, 1, 2)], DEVICE)
+    slots2 = torch.tensor([3, -1], dtype=torch.int32, device=DEVICE)
+    want, got = pool.clone(), pool.clone()
+    snapshot_conv_windows_ref(x[:4], want, slots2, [0, 2, 4], [(1, 1, 2)], index)
+    snapshot_conv_windows(x[:4], got, slots2, index)
+    assert torch.equal(got, want) and torch.equal(got[2, :, :2], torch.zeros_like(got[2, :, :2]))
