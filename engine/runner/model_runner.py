@@ -60,7 +60,11 @@ class ModelRunner:
         if piecewise_max_tokens > 0:
             if self.device.type != "cuda":
                 raise ValueError(f"piecewise CUDA graphs need a CUDA device, got {self.device}")
-            self.use_piecewise_graphs(piecewise_max_tokens).capture()
+            try:
+                self.use_piecewise_graphs(piecewise_max_tokens).capture()
+            except Exception as exc:
+                raise RuntimeError(f"piecewise CUDA graph capture failed ({exc!r}); start with "
+                                   "enable_piecewise_graphs=False (the default) to run these steps eagerly") from exc
 
     def use_decode_graphs(self, max_batch: int) -> DecodeGraphs:
         """Route decode steps of up to max_batch rows through DecodeGraphs (captured by the
