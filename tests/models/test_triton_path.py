@@ -91,9 +91,19 @@ STEPS = {
 }
 
 
+# Under the interpreter (CPU, CI) these cases run for some families only: the row split is the
+# same code for every family (one per state-mixer kind: GDN, Mamba2, short conv), and the
+# long mixed step's MoE families cost ~25 s each in numpy (their dense siblings cover the
+# mixers, the other cases their wiring). On a GPU every family runs every case.
+CPU_FAMILIES = {"decode-first-mixed": ("qwen3_5", "bamba", "lfm2"),
+                "long-mixed-then-decode": ("qwen3_5", "nemotron_h", "lfm2", "bamba", "falcon_h1")}
+
+
 @pytest.mark.parametrize("steps", list(STEPS), ids=list(STEPS))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_triton_path_matches_reference(family, steps, models, monkeypatch):
+    if TRITON_DEVICE == "cpu" and steps in CPU_FAMILIES and family not in CPU_FAMILIES[steps]:
+        pytest.skip("under the interpreter, one family per state-mixer kind for this case (CI time; all on a GPU)")
     model = models(family, "cpu")
     gen = torch.Generator().manual_seed(1)
     token_ids = {row: torch.randint(0, model.hf_config.vocab_size, (48,), generator=gen) for row in ROW_STATE_SLOTS}
@@ -105,7 +115,7 @@ def test_triton_path_matches_reference(family, steps, models, monkeypatch):
         assert _rel(got, want) < 1e-4, f"{family}: pool tensor {i} differs"
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "bamba", "lfm2"])
+@pytest.mark.parametrize("family", ["qwen3_5", "bamba"])  # attention, GDN, conv / Mamba2
 def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
     """Piecewise graphs hand every varlen op (ops.varlen_op) an `out` buffer its kernel path
     must write and return: the same steps with such a hook give the same logits and pools."""
@@ -114,7 +124,7 @@ def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
     model = models(family, TRITON_DEVICE)
     gen = torch.Generator().manual_seed(2)
     token_ids = {row: torch.randint(0, model.hf_config.vocab_size, (48,), generator=gen) for row in ROW_STATE_SLOTS}
-    steps = STEPS["decode-first-mixed"] + STEPS["long-mixed-then-decode"][1:]
+    steps = STEPS["decode-first-mixed"][:2]  # a prefill, then decode rows beside a prompt chunk
     want_logits, want_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE)
     calls = []
 
