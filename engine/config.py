@@ -53,8 +53,9 @@ class EngineConfig:
     # A waiting prompt is held for at most `prefill_hold_steps` decode steps, and none is held
     # once waiting >= prefill_hold_ratio x running or a prompt is being computed anyway.
     # 0: admit at once. Trades TTFT (up to that many decode steps) for TPOT. Default: 16 on
-    # CUDA (an H100, 2.3B model, 64 in flight, 512 in / 128 out, benchmarks/loaded_tpot.py:
-    # TPOT p50 29.0 -> 7.0 ms, TTFT p50 85 -> 98 ms; 32 steps: 6.6 ms, TTFT 150 ms), 0 on CPU.
+    # CUDA (an H100, 2.3B model, 64 in flight, 512 in / 128 out, benchmarks/loaded_tpot.py,
+    # ecb8a69: TPOT p50 21.0 -> 7.0 ms against a 4.6 ms decode step, TTFT p50 60 -> 98 ms;
+    # 32 steps on an earlier tree: 6.6 ms, TTFT 150 ms), 0 on CPU.
     prefill_hold_steps: int | None = None
     prefill_hold_ratio: float = 0.3
     enable_cuda_graphs: bool = True  # replay captured CUDA graphs for pure-decode steps (ignored on CPU)

@@ -11,13 +11,13 @@ cache on that specialization, the launch options and the device, and on a hit ca
 compiled kernel's launcher directly. A miss (or launch hooks set, as profilers do) goes
 through Triton's path, which compiles and launches; its compiled kernel is kept.
 
-`install(module)` wraps the module's launched kernels (`*_kernel` JIT functions), rebinding
-the names the call sites look up. Off by default until measured on a GPU.
+`install_fast_launch(module_name)` wraps a module's launched kernels (`*_kernel` JIT functions),
+rebinding the names its call sites look up. Off by default until measured on a GPU.
 """
 from __future__ import annotations
 
 import os
-import types
+import sys
 
 FAST_LAUNCH_ENV = "HYBRID_SERVE_TRITON_FAST_LAUNCH"
 
@@ -76,13 +76,14 @@ def _active(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def install(module: types.ModuleType) -> None:
+def install_fast_launch(module_name: str) -> None:
     """Wrap the module's launched kernels (module-level `*_kernel` JIT functions) when the
-    fast launch is enabled."""
+    fast launch is enabled; each kernel module calls it on its last line."""
     if not fast_launch_enabled():
         return
     from triton.runtime.jit import JITFunction
 
+    module = sys.modules[module_name]
     for name, value in list(vars(module).items()):
         if name.endswith("_kernel") and isinstance(value, JITFunction):
             setattr(module, name, FastLaunch(value))

@@ -6,14 +6,13 @@
                        where torch takes three (copy of the slice, sigmoid, multiply)."""
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 
 @triton.jit
@@ -70,7 +69,4 @@ def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     return y
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

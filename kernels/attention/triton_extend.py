@@ -14,14 +14,13 @@ keep the paged kernel, whose token-major rows share K/V tiles across a GQA group
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 LOG2E = 1.4426950408889634
 # Rows of a program: (token, q head of the kv head's group) pairs, so the GQA group's heads
@@ -172,7 +171,4 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     return o
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

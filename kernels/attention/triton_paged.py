@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import functools
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -29,6 +27,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     index_checks_enabled, max_seqlen, next_pow2,
 )
+from .._launch import install_fast_launch
 
 LOG2E = 1.4426950408889634
 
@@ -316,7 +315,4 @@ def warm_up_paged_attention(num_q_heads: int, k_cache: torch.Tensor, v_cache: to
     return runs
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

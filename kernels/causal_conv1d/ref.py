@@ -90,8 +90,8 @@ def conv_snapshot_index(width: int, cu_seqlens: list[int], checkpoints: list[tup
 
 
 def snapshot_conv_windows_ref(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
-                          cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]],
-                          index: ConvSnapshotIndex | None = None) -> None:
+                              cu_seqlens: list[int], checkpoints: list[tuple[int, int, int]],
+                              index: ConvSnapshotIndex | None = None) -> None:
     """conv_states[slot] <- the window before token `offset` of batch row `row` (its K-1
     inputs), for each checkpoint (row, offset, slot). Call before the conv updates the rows'
     windows: inputs before the step come from the row's own slot (zeros for a negative

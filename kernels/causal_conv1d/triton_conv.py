@@ -15,8 +15,6 @@ after the row's last token).
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -26,6 +24,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     next_pow2, verify_scratch,
 )
+from .._launch import install_fast_launch
 from .._triton_common import varlen_row
 from .ref import ConvSnapshotIndex
 
@@ -210,25 +209,24 @@ def causal_conv1d_varlen(
     return y
 
 
-
 # per-step index tensors and counts not specialized: one compiled variant per source kind
-@triton.jit(do_not_specialize=["slots_ptr", "dst_slots_ptr", "dst_cols_ptr", "src_ptr_a", "src_cols_ptr"])
-def _conv_snapshot_kernel(x_ptr, states_ptr, slots_ptr, dst_slots_ptr, dst_cols_ptr, src_ptr_a, src_cols_ptr,
+@triton.jit(do_not_specialize=["slots_ptr", "dst_slots_ptr", "dst_cols_ptr", "src_index_ptr", "src_cols_ptr"])
+def _conv_snapshot_kernel(x_ptr, states_ptr, slots_ptr, dst_slots_ptr, dst_cols_ptr, src_index_ptr, src_cols_ptr,
                           num_channels, num_slots, stride_x_t, stride_s_n, stride_s_d, stride_s_k,
                           FROM_X: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Tap t of the checkpoint windows: conv_states[dst_slot, :, dst_col] <- x[token] (FROM_X;
-    src_ptr_a holds the tokens) or <- conv_states[state_slots[row], :, col] (src_ptr_a: rows;
-    zeros for a row without a state)."""
+    """Tap t of the checkpoint windows: conv_states[dst_slot, :, dst_col] <- x[token] (FROM_X:
+    src_index holds token indices of x) or <- conv_states[state_slots[row], :, col] (src_index
+    holds batch rows; zeros for a row without a state). dst_slot: a checkpoint's state slot."""
     t, pid_d = tl.program_id(0), tl.program_id(1)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < num_channels
     dst_slot = tl.load(dst_slots_ptr + t).to(tl.int64)
     dst_col = tl.load(dst_cols_ptr + t).to(tl.int64)
     if FROM_X:
-        token = tl.load(src_ptr_a + t).to(tl.int64)
+        token = tl.load(src_index_ptr + t).to(tl.int64)
         vals = tl.load(x_ptr + token * stride_x_t + offs_d, mask=mask_d, other=0.0)
     else:
-        slot = tl.load(slots_ptr + tl.load(src_ptr_a + t)).to(tl.int64)
+        slot = tl.load(slots_ptr + tl.load(src_index_ptr + t)).to(tl.int64)
         col = tl.load(src_cols_ptr + t).to(tl.int64)
         has_state = (slot >= 0) & (slot < num_slots)
         vals = tl.load(states_ptr + slot * stride_s_n + offs_d * stride_s_d + col * stride_s_k,
@@ -239,7 +237,7 @@ def _conv_snapshot_kernel(x_ptr, states_ptr, slots_ptr, dst_slots_ptr, dst_cols_
 
 def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slots: torch.Tensor,
                           index: ConvSnapshotIndex) -> None:
-    """ref.snapshot_conv_windows's writes in at most two launches (taps from the slots' windows,
+    """snapshot_conv_windows_ref's writes in at most two launches (taps from the slots' windows,
     then taps from x): conv_states[slot] <- the K-1 inputs before each checkpoint. Checkpoint
     slots are never a row's own slot, so the two launches read nothing the other writes.
     x: [T, D] (last dim contiguous); conv_states: [N+1, D, K-1]; state_slots: [B];
@@ -262,7 +260,4 @@ def snapshot_conv_windows(x: torch.Tensor, conv_states: torch.Tensor, state_slot
             *common, FROM_X=True, BLOCK_D=block_d)
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -24,8 +24,6 @@ in parallel). Dots run in the inputs' dtype (bf16 on tensor cores, fp32 as "ieee
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +31,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._chunks import ChunkTable
 from .._common import FLOAT_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 from .triton_l2norm import l2norm
 
 CHUNK = 64  # tokens per chunk (BT): 4 sub-chunks of 16 in the prepare kernel
@@ -353,7 +352,4 @@ def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                               state_kv=(ssm_states.stride(2), ssm_states.stride(3)), out=out)
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -3,14 +3,13 @@ beta = sigmoid(b), instead of eight small elementwise kernels per layer (what do
 decode step's launch count at batch 1)."""
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import check_launch_device, check_tensor
+from .._launch import install_fast_launch
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -54,7 +53,4 @@ def gdn_gating(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: t
     return g, beta
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -3,14 +3,13 @@ in fp32, rounded once to x's dtype (l2norm_ref's map), into a contiguous output.
 addressed in two levels, so the strided q / k views of the conv output need no copy."""
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -41,7 +40,4 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return y
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

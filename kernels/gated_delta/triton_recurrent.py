@@ -16,8 +16,6 @@ raw projections a, b (as kernels/gated_delta/triton_gating.py does; one launch l
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -27,6 +25,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     next_pow2, verify_scratch,
 )
+from .._launch import install_fast_launch
 from .._triton_common import varlen_row
 
 
@@ -167,7 +166,4 @@ def gated_delta_rule_recurrent(
     return o
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

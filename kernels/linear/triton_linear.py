@@ -15,14 +15,13 @@ rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP 
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -105,7 +104,4 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

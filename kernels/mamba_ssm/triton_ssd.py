@@ -7,8 +7,6 @@ V = head_dim, the SSM state S = h^T (the pool keeps h [P, N], so S is read trans
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 import triton
@@ -17,6 +15,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._chunks import ChunkTable
 from .._common import FLOAT_DTYPES, check_tensor, next_pow2
+from .._launch import install_fast_launch
 from ..gated_delta.triton_chunk import chunked_recurrence
 from .triton_ssm import _softplus
 
@@ -139,7 +138,4 @@ def ssd_chunked(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
     return ssd_finish(y, x, D, out_dtype or x.dtype, out=out)
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

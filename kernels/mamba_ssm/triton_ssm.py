@@ -14,8 +14,6 @@ row's last token).
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -25,6 +23,7 @@ from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
     next_pow2, verify_scratch,
 )
+from .._launch import install_fast_launch
 from .._triton_common import varlen_row
 
 
@@ -151,7 +150,4 @@ def selective_state_update_varlen(
     return y
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

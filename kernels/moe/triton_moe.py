@@ -24,8 +24,6 @@ CUDA graph padded to 8). Here every token adds its K terms in slot order, whatev
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +31,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from ..switch import moe_one_row_tiles_allowed
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -260,7 +259,4 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     return out
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -13,14 +13,13 @@ with n = norm(x) = x * rsqrt(mean(x^2) + eps) in fp32 and round_x a cast to x's 
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 MODE_PLAIN, MODE_ZERO_CENTER, MODE_GATED, MODE_GATE_FIRST, MODE_FP32_WEIGHT = 0, 1, 2, 3, 4
 _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -190,7 +189,4 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
     return normed, summed
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -11,14 +11,13 @@ which is what the torch reference computes op by op in q's dtype. Dims past rot 
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 _TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -103,7 +102,4 @@ def rotary_neox(
     return q_out, k_out
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -13,8 +13,6 @@ batch. Callers advance `offsets` per step (e.g. the number of tokens generated s
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -22,6 +20,7 @@ from triton.language.random import philox, uint_to_uniform_float
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
+from .._launch import install_fast_launch
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -132,7 +131,4 @@ def sample_tokens(
     return tokens
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -6,8 +6,6 @@ launch needs no host sync. See ref.py for the exact semantics.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import triton
 import triton.language as tl
@@ -16,6 +14,7 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, index_checks_enabled,
 )
+from .._launch import install_fast_launch
 
 _BLOCK = 1024
 
@@ -126,7 +125,4 @@ def copy_state_slots(pool: torch.Tensor, src_slots: torch.Tensor, dst_slots: tor
                              BLOCK=_BLOCK)
 
 
-# HYBRID_SERVE_TRITON_FAST_LAUNCH=1: this module's kernels through kernels/_launch.py
-from .._launch import install as _install_fast_launch  # noqa: E402
-
-_install_fast_launch(sys.modules[__name__])
+install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

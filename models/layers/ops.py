@@ -254,17 +254,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     (updated in place, checkpoint slots too) -> o: [T, HV, Dv] in v's dtype."""
     if use_triton(q):
         if _chunked(fb):
-            split = fb.row_split(RECURRENT_MAX_TOKENS)
-            if split is None:
-                return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
-                                                     fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm, out=out)
-            o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
-                                              fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm,
-                                              out=out)
-            n = split.tokens
-            _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], g[:n], beta[:n], ssm_states, split.short_slots,
-                                            split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, out=o[:n])
-            return o
+            return _gdn_chunked(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out)
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, out=out, **_verify_kwargs(fb, ssm_states))
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
@@ -282,19 +272,30 @@ def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch
         return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias), out=out,
                                                **_verify_kwargs(fb, ssm_states))
-    split = fb.row_split(RECURRENT_MAX_TOKENS) if use_triton(q) else None
-    if split is not None:  # prompt rows chunked, then the decode rows as a decode step runs them
-        g, beta = gdn_gating(a, b, A_log, dt_bias)
-        o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
-                                          fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm,
-                                          out=out)
-        n = split.tokens
-        _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], a[:n], b[:n], ssm_states, split.short_slots,
-                                        split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias),
-                                        out=o[:n])
-        return o
     g, beta = gdn_gating(a, b, A_log, dt_bias)
+    if use_triton(q):  # (chunked) decode rows of a mixed step gate as a decode step does: raw a, b
+        return _gdn_chunked(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out, short_gates=(a, b, (A_log, dt_bias)))
     return gated_delta_rule(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out=out)
+
+
+def _gdn_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 ssm_states: torch.Tensor, fb: ForwardBatch, use_qk_l2norm: bool, out: torch.Tensor | None,
+                 short_gates: tuple | None = None) -> torch.Tensor:
+    """The chunked kernels over the batch; in a mixed step (`fb.row_split`) over its prompt rows
+    only, and the recurrent kernel over its leading decode rows, into the same output.
+    short_gates: (a, b, (A_log, dt_bias)), the decode rows' raw gates for the recurrent kernel's
+    fused gating; default g, beta."""
+    split = fb.row_split(RECURRENT_MAX_TOKENS)
+    if split is None:
+        return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, fb.state_slots,
+                                             fb.chunk_table(STATE_CHUNK), use_qk_l2norm=use_qk_l2norm, out=out)
+    o = _gdn.gated_delta_rule_chunked(q, k, v, g, beta, ssm_states, split.long_slots,
+                                      fb.chunk_table(STATE_CHUNK, split.rows), use_qk_l2norm=use_qk_l2norm, out=out)
+    n = split.tokens
+    gate_a, gate_b, gating = short_gates if short_gates is not None else (g, beta, None)
+    _gdn.gated_delta_rule_recurrent(q[:n], k[:n], v[:n], gate_a[:n], gate_b[:n], ssm_states, split.short_slots,
+                                    split.short_cu_seqlens, use_qk_l2norm=use_qk_l2norm, gating=gating, out=o[:n])
+    return o
 
 
 @varlen_op(lambda a: (tuple(a["x"].shape), a["out_dtype"] or a["x"].dtype))

@@ -79,9 +79,11 @@ def test_hooks_take_the_jit_path(fake_cuda, monkeypatch):
 
 
 def test_install_only_when_enabled(monkeypatch):
+    import sys
     import types
-    module = types.ModuleType("m")
+    module = types.ModuleType("fast_launch_test_module")
     module.marker_kernel = object()
+    monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.delenv(_launch.FAST_LAUNCH_ENV, raising=False)
-    _launch.install(module)
+    _launch.install_fast_launch(module.__name__)
     assert not isinstance(module.marker_kernel, _launch.FastLaunch)
