@@ -101,11 +101,19 @@ def test_killed_actor_falls_back_then_recovers_from_replica_reports(ray_local, t
     # while it is away, every decision is power of two (and still a replica): requests succeed
     assert _wait_for(lambda: _place(first, replicas, prompt).reason == "fallback")
     assert _place(first, replicas, prompt).replica_id in rings
-    # restarted empty, it rebuilds replica a from the checkpoints the reports carry
+    # restarted empty, it rebuilds both replicas from the checkpoints the reports carry (the
+    # second router's stale local copy may still answer "prefix" before the actor is back, so
+    # the rebuild is read from the actor itself, asked again while it is still restarting)
+    def rebuilt():
+        _place(second, replicas, prompt)  # the routers keep reporting, as serving would
+        try:
+            stats = ray_local.get(actor.stats.remote(), timeout=5)
+        except (ray_local.exceptions.ActorUnavailableError, ray_local.exceptions.GetTimeoutError):
+            return None
+        return stats["epoch"] != epoch and stats["num_rebuilds"] >= 2
+    assert _wait_for(rebuilt, timeout_s=30)
     placed = _wait_for(lambda: (p := _place(second, replicas, prompt)).reason == "prefix" and p, timeout_s=30)
     assert placed.replica_id == "a"
-    stats = ray_local.get(actor.stats.remote())
-    assert stats["epoch"] != epoch and stats["num_rebuilds"] >= 2
     # the first router routes by prefix again once its copy has caught up with the new actor
     _wait_for(lambda: _place(first, replicas, prompt).replica_id == "a")
 
