@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -27,15 +28,24 @@ from .shard_worker import STOP, ShardWorkerActor
 
 
 class ReplicaEngine:
-    """Owns the ShardWorkers of one replica and the rank-0 LLMEngine that drives them."""
+    """Owns the ShardWorkers of one replica and the rank-0 LLMEngine that drives them.
 
-    def __init__(self, config: EngineConfig, tokenizer=None, tp_size: int = 1, placement_group=None) -> None:
+    `rank0_here=False`: rank 0 runs in an engine process (engine/core_process.py) instead of
+    this one; this object starts the other ranks, holds the group's rendezvous store and
+    plan channel, and hands the engine process a `Rank0Setup` (`rank0_setup`); the process
+    calls back `start_workers` once its shard is loaded."""
+
+    def __init__(self, config: EngineConfig, tokenizer=None, tp_size: int = 1, placement_group=None,
+                 rank0_here: bool = True) -> None:
         self.config = config
         self.tp_size = tp_size
         self.channel: ShmChannel | None = None
+        self.engine: LLMEngine | None = None
+        self.rank0_setup: Rank0Setup | None = None
         self.workers = []
         self._serve_refs = []
-        channel = on_shard_loaded = None  # tp > 1: wait for the workers' shards, then start them
+        self._joined = []
+        self._store = None
         if tp_size > 1:
             pg = placement_group or get_current_placement_group()
             use_gpu = config.device.startswith("cuda")
@@ -46,33 +56,38 @@ class ReplicaEngine:
                 for r in range(1, tp_size)
             ]
             addr = ray.util.get_node_ip_address()
-            store = create_tp_store(addr, tp_size)
-            channel = self.channel = ShmChannel(None, tp_size - 1)  # the ranks share a node (STRICT_PACK)
-            joined = [w.setup.remote(addr, store.port, channel.name) for w in self.workers]
-            init_tp_group(0, tp_size, addr, store.port, config.device, store=store)
-
-            def start_workers() -> None:
-                """Every rank loads its shard at the same time: rank 0 waits for the others
-                only once its own is loaded (a worker's load error is raised here)."""
-                ray.get(joined)
-                self._serve_refs = [w.serve.remote() for w in self.workers]
-
-            on_shard_loaded = start_workers
-
+            self._store = create_tp_store(addr, tp_size)
+            self.channel = ShmChannel(None, tp_size - 1)  # the ranks share a node (STRICT_PACK)
+            self._joined = [w.setup.remote(addr, self._store.port, self.channel.name) for w in self.workers]
+            self.rank0_setup = Rank0Setup(tp_size, addr, self._store.port, self.channel.name, config.device)
+        if not rank0_here:
+            return
         try:
-            self.engine = LLMEngine(config, tokenizer, channel, on_shard_loaded)
+            channel = None
+            if tp_size > 1:
+                init_tp_group(0, tp_size, self.rank0_setup.master_addr, self._store.port, config.device,
+                              store=self._store)
+                channel = self.channel
+            self.engine = LLMEngine(config, tokenizer, channel, self.start_workers if tp_size > 1 else None)
         except Exception:
             self.shutdown()
             raise
 
+    def start_workers(self) -> None:
+        """Every rank loads its shard at the same time: rank 0 waits for the others only once
+        its own is loaded (a worker's load error is raised here), then starts their serve loops."""
+        ray.get(self._joined)
+        self._serve_refs = [w.serve.remote() for w in self.workers]
+
     def shutdown(self) -> None:
-        """Stop the workers (politely if the group still works) and leave the group."""
+        """Stop the workers (politely if the group still works) and leave the group. With rank 0
+        in an engine process, that process has sent the stop already (`Rank0Setup.leave`)."""
         if self.workers:
             try:
-                if getattr(self, "engine", None) is not None and self.engine.channel is not None:
+                if self.engine is not None and self.engine.channel is not None:
                     self.engine.channel.timeout_s = 10.0  # a dead rank must not hold the shutdown
                     self.engine.channel.send(STOP)
-                    ray.get(self._serve_refs, timeout=30)
+                ray.get(self._serve_refs, timeout=30)
             except Exception:
                 pass
             for w in self.workers:
@@ -81,6 +96,37 @@ class ReplicaEngine:
         if self.channel is not None:
             self.channel.close(unlink=True)
             self.channel = None
+        leave_tp_group()
+
+
+@dataclass(frozen=True)
+class Rank0Setup:
+    """What an engine process needs to be rank 0 of a replica whose other ranks, rendezvous
+    store and plan channel the replica process made (`ReplicaEngine(rank0_here=False)`);
+    pickled to the engine process, whose `core_process` calls `join` and `leave`."""
+
+    tp_size: int
+    master_addr: str
+    master_port: int
+    channel_name: str
+    device: str
+
+    def join(self) -> ShmChannel:
+        """Open the plan channel (as its writer) and join the group as rank 0."""
+        channel = ShmChannel(self.channel_name, self.tp_size - 1)
+        init_tp_group(0, self.tp_size, self.master_addr, self.master_port, self.device)
+        return channel
+
+    def leave(self, engine) -> None:
+        """The other ranks leave their serve loops; the replica process then reaps their actors."""
+        channel = getattr(engine, "channel", None)
+        if channel is not None:
+            try:
+                channel.timeout_s = 10.0  # a dead rank must not hold the exit
+                channel.send(STOP)
+            except Exception:  # noqa: BLE001 - best effort: the replica kills the actors anyway
+                pass
+            channel.close()
         leave_tp_group()
 
 

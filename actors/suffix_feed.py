@@ -36,6 +36,9 @@ class SuffixFeed:
         self.epoch: str | None = None
         self.num_proposals = 0  # lookups that proposed something (metrics)
         self._pending: list[list[int]] = []
+        # called (from the feed's thread) with what the local copy took: (first id, documents),
+        # or (None, []) when it started again empty; an engine process keeps its own copy so
+        self.listeners: list[Callable[[int | None, list], None]] = []
         self._actor = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="suffix-feed", daemon=True)
@@ -47,6 +50,10 @@ class SuffixFeed:
             self._pending.append([*prompt_token_ids, *output_token_ids])
             if len(self._pending) > self.MAX_PENDING:
                 del self._pending[0]
+
+    def new_copy(self) -> SuffixIndex:
+        """An empty index configured like the local copy (what a listener's copy starts from)."""
+        return SuffixIndex(max_tokens=self.max_tokens)
 
     def propose(self, token_ids: Sequence[int], num_tokens: int) -> list[int]:
         with self.lock:
@@ -69,6 +76,8 @@ class SuffixFeed:
             if self.epoch is not None:  # a restarted actor: its ids start again
                 with self.lock:
                     self.local = SuffixIndex(max_tokens=self.max_tokens)
+                for listener in self.listeners:
+                    listener(None, [])
                 self.epoch = reply["epoch"]
                 return self.sync_once()
             self.epoch = reply["epoch"]
@@ -76,6 +85,9 @@ class SuffixFeed:
         for i, tokens in enumerate(documents):  # one document per lock hold: lookups interleave
             with self.lock:
                 self.local.extend(first + i, [tokens])
+        if documents:
+            for listener in self.listeners:
+                listener(first, documents)
         if self.metrics is not None:
             self.metrics.suffix_tokens.set(self.local.num_tokens)
 

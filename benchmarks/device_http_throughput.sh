@@ -12,7 +12,9 @@
 # Usage (device machine, repo root): bash benchmarks/device_http_throughput.sh   [writes to $OUT]
 #   env: SEQS ("64 256"), MODEL (qwen3_5_2p3b; "demo" on CPU), DEVICE (cuda), NUM (256),
 #        IN_LEN (512), OUT_LEN (128), SKIP_OFFLINE / SKIP_HTTP (1 to skip a half), PORT (8000),
-#        ADDRESS (auto: `ray start` here first; local: each server its own Ray)
+#        ADDRESS (auto: `ray start` here first; local: each server its own Ray),
+#        ENGINE_PROCESS ("": the app's default; "off on": an HTTP run per setting, each the engine
+#        on a thread of the replica / in an engine process, files and summary keys tagged _ep0/_ep1)
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -66,20 +68,24 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   [ "$ADDRESS" = "auto" ] && { ray_cli start --head --include-dashboard=false --disable-usage-stats >/dev/null 2>&1 \
     || log "ray start failed"; }
   for s in $SEQS; do
-    log "== HTTP, max_num_seqs $s"
+  for ep in ${ENGINE_PROCESS:-default}; do
+    case "$ep" in on) EP_FLAG="--engine-process"; TAG="_ep1";; off) EP_FLAG="--no-engine-process"; TAG="_ep0";;
+                  *) EP_FLAG=""; TAG="";; esac
+    log "== HTTP, max_num_seqs $s ${EP_FLAG}"
     SERVE="python3 benchmarks/serve_app_args.py '$APP_ARGS' $MODEL_FLAGS --dtype $DTYPE --device $DEVICE --max-num-seqs $s \
-      --served-model-name bench --port $PORT --address $ADDRESS"
+      --served-model-name bench --port $PORT --address $ADDRESS $EP_FLAG"
     # --range-ratio 1.0: serve_bench follows sglang (1.0 = every length exactly as given)
     # SIGINT on timeout: serve_bench then stops the server it started (its process group)
     timeout -s INT ${HTTP_TIMEOUT:-240} python3 benchmarks/serve_bench.py --base-url "http://127.0.0.1:$PORT" \
       --start-server "$SERVE > /tmp/serve_$s.log 2>&1" --startup-timeout ${STARTUP_TIMEOUT:-180} \
       --input-len "$IN_LEN" --output-len "$OUT_LEN" --range-ratio 1.0 --vocab "$VOCAB" \
       --concurrency "$NUM" --num-prompts "$NUM" --warmup 1 --label "$MODEL dummy $DTYPE max_num_seqs=$s, one $DEVICE" \
-      --json "$OUT/http_seqs$s.json" 2>&1 | tee -a "$LOG"
+      --json "$OUT/http_seqs$s$TAG.json" 2>&1 | tee -a "$LOG"
     log "serve_bench exit ${PIPESTATUS[0]}"
     grep -a "engine ready\|ready in\|Error\|error\|Traceback" /tmp/serve_$s.log | head -12 | tee -a "$LOG"
-    { echo "===== serve log, max_num_seqs $s (last 100 kB)"; tail -c 100000 /tmp/serve_$s.log; } >> "$OUT/serve.log"
+    { echo "===== serve log, max_num_seqs $s $EP_FLAG (last 100 kB)"; tail -c 100000 /tmp/serve_$s.log; } >> "$OUT/serve.log"
     wait_gpu_free
+  done
   done
   [ "$ADDRESS" = "auto" ] && ray_cli stop --force >/dev/null 2>&1
 fi
@@ -88,10 +94,13 @@ python3 - "$OUT" $SEQS <<'EOF' 2>&1 | tee -a "$LOG"
 import json, os, sys
 out, seqs = sys.argv[1], sys.argv[2:]
 summary = {}
-for s in seqs:
+runs = [(s, tag) for s in seqs for tag in ("", "_ep0", "_ep1")
+        if os.path.exists(os.path.join(out, f"http_seqs{s}{tag}.json")) or
+        (tag == "" and os.path.exists(os.path.join(out, f"offline_seqs{s}.json")))]
+for s, tag in runs:
     row = {}
     for kind in ("offline", "http"):
-        path = os.path.join(out, f"{kind}_seqs{s}.json")
+        path = os.path.join(out, f"{kind}_seqs{s}{tag if kind == 'http' else ''}.json")
         if not os.path.exists(path):
             continue
         d = json.load(open(path))
@@ -112,8 +121,8 @@ for s in seqs:
     if "offline_output_tok_s" in row and "http_output_tok_s" in row:
         row["http_over_offline"] = row["http_output_tok_s"] / row["offline_output_tok_s"]
         row["met_85pct"] = row["http_over_offline"] >= 0.85 and row.get("http_failed") == 0
-    summary[f"max_num_seqs_{s}"] = row
-    print(f"max_num_seqs {s}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+    summary[f"max_num_seqs_{s}{tag}"] = row
+    print(f"max_num_seqs {s}{tag}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                            for k, v in row.items()))
 json.dump(summary, open(os.path.join(out, "http_summary.json"), "w"), indent=1)
 EOF

@@ -69,6 +69,11 @@ class AppConfig:
     # stream: 1 ms) every token goes out as it is made. 0: no budget (a message per token).
     stream_interval: int = 1
     stream_max_messages_per_s: float = 1000.0
+    # Where a replica's engine runs: True, an engine process of its own (engine/core_process.py:
+    # its steps never wait for the GIL behind the replica's event loop, Serve and Ray); False, a
+    # thread of the replica process; None: a process on CUDA, a thread on CPU (where a replica
+    # has one or two cores for everything).
+    engine_process: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "replicas", "max_body_bytes", "stream_interval", *_QUEUE_BOUNDS):
@@ -91,6 +96,8 @@ class AppConfig:
         if self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         self._check_sources()
+        if self.engine_process not in (None, True, False):
+            raise ValueError(f"engine_process must be true, false or null, got {self.engine_process!r}")
         if not isinstance(self.enable_log_requests, bool):
             raise ValueError(f"enable_log_requests must be true or false, got {self.enable_log_requests!r}")
         if self.autoscaling_config is not None:
@@ -138,6 +145,10 @@ class AppConfig:
         if self.num_gpus_per_shard is not None:
             return self.num_gpus_per_shard
         return 1.0 if self.device.startswith("cuda") else 0.0
+
+    def uses_engine_process(self) -> bool:
+        """Whether a replica's engine runs in an engine process of its own (`engine_process`)."""
+        return self.device.startswith("cuda") if self.engine_process is None else self.engine_process
 
     def engine_config(self, weights: bool = True):
         """The EngineConfig of one replica's engine. A Hub model is fetched here, into this

@@ -1,8 +1,9 @@
 """The engine-client interface: all that a replica (`LLMServer`) needs from its engine.
 
-The implementation is `AsyncLLMEngine`: one engine thread in the replica process, which is
-TP rank 0; with tp > 1 it drives the replica's `ShardWorker` actors (one per other rank, in
-the replica's placement group) through `ReplicaEngine`. `LLMServer` and the ingress do not
+The implementation is `AsyncLLMEngine`: the engine (TP rank 0) in an engine process of its own
+or on a thread of the replica process (`AppConfig.engine_process`); with tp > 1 it drives
+the replica's `ShardWorker` actors (one per other rank, in the replica's placement group),
+which `ReplicaEngine` starts from the replica process. `LLMServer` and the ingress do not
 depend on tp.
 """
 from __future__ import annotations
@@ -49,19 +50,33 @@ def check_supported(config: AppConfig) -> None:
 
 
 def make_engine_client(config: AppConfig, replica: str) -> EngineClient:
-    """The engine client of one replica, labelled `replica` in metrics. With tp > 1 this
-    process is rank 0 and the other ranks are ShardWorker actors in the replica's placement
-    group (the bundles `build_app` asks Serve for)."""
+    """The engine client of one replica, labelled `replica` in metrics. The engine runs in an
+    engine process of its own (`config.uses_engine_process()`: the default on CUDA) or on a
+    thread of this process. With tp > 1 the engine is rank 0 and the other ranks are
+    ShardWorker actors in the replica's placement group (the bundles `build_app` asks Serve
+    for), started from this process either way."""
     import torch
 
     from ..actors.replica import ReplicaEngine
     from ..engine.async_engine import AsyncLLMEngine
     from ..engine.tokenizer import load_tokenizer
 
-    torch.set_num_threads(config.torch_num_threads or max(1, int(config.num_cpus_per_replica)))
+    threads = config.torch_num_threads or max(1, int(config.num_cpus_per_replica))
+    torch.set_num_threads(threads)
     engine_config = config.engine_config()
-    replica_engine = ReplicaEngine(engine_config, load_tokenizer(engine_config.tokenizer or engine_config.model),
-                                   tp_size=config.tp)
-    client = AsyncLLMEngine(replica_engine.engine, model_name=config.model_name, replica=replica)
+    if config.uses_engine_process():
+        replica_engine = ReplicaEngine(engine_config, tp_size=config.tp, rank0_here=False)
+        try:
+            client = AsyncLLMEngine.from_config(
+                engine_config, model_name=config.model_name, replica=replica, engine_process=True,
+                tp_setup=replica_engine.rank0_setup, torch_num_threads=threads,
+                on_shard_loaded=replica_engine.start_workers if config.tp > 1 else None)
+        except BaseException:
+            replica_engine.shutdown()
+            raise
+    else:
+        replica_engine = ReplicaEngine(engine_config, load_tokenizer(engine_config.tokenizer or engine_config.model),
+                                       tp_size=config.tp)
+        client = AsyncLLMEngine(replica_engine.engine, model_name=config.model_name, replica=replica)
     client.on_shutdown = replica_engine.shutdown
     return client

@@ -51,6 +51,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "together: a stream's tokens wait up to (its streams / this) seconds after its last "
                         "message, then go out as one (1 ms for a lone stream, so every token at once; 256 "
                         "streams: 256 ms); 0: a message per token however many streams")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                   help="run each replica's engine in a process of its own, apart from Serve's event loop "
+                        "(default: on with --device cuda, off on cpu)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
 
 
@@ -61,7 +64,7 @@ def app_args(args: argparse.Namespace) -> dict:
            "replicas": args.replicas, "device": args.device, "dtype": args.dtype, "load_format": args.load_format,
            "seed": args.seed, "num_cpus_per_replica": args.num_cpus_per_replica,
            "enable_log_requests": args.enable_log_requests, "stream_interval": args.stream_interval,
-           "stream_max_messages_per_s": args.stream_max_messages_per_s,
+           "stream_max_messages_per_s": args.stream_max_messages_per_s, "engine_process": args.engine_process,
            "engine_args": engine_overrides(args)}
     if args.api_key:
         out["api_key"] = args.api_key

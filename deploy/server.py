@@ -1,11 +1,12 @@
 """LLMServer: one engine replica as a Ray Serve deployment replica.
 
-It holds one engine client (`deploy/engine_client.py`; today an `AsyncLLMEngine` in this
-process) and streams `RequestDelta`s back to the ingress. The first item of every
-`generate` stream is either a `Started` (the request is queued) or a `GenerateError`
-(refused: bad input, overloaded), so the ingress can answer with a proper status code
-before it starts an HTTP stream. Later, the TP shard actors of this replica will live in
-its placement group (`placement_group_bundles`); only the engine client changes.
+It holds one engine client (`deploy/engine_client.py`: an `AsyncLLMEngine`, whose engine runs
+in an engine process of its own or on a thread of this one, `AppConfig.engine_process`) and
+streams `RequestDelta`s back to the ingress. The first item of every `generate` stream is
+either a `Started` (the request is queued) or a `GenerateError` (refused: bad input,
+overloaded), so the ingress can answer with a proper status code before it starts an HTTP
+stream. With tp > 1 the replica's shard actors live in its placement group
+(`placement_group_bundles`).
 """
 from __future__ import annotations
 
@@ -96,9 +97,9 @@ class LLMServerImpl:
         (actors/suffix_feed.SuffixFeed: batched, fire-and-forget to the Router actor), and the
         engine's SuffixDrafter looks drafts up in the feed's local copy of the index."""
         self.suffix_feed = feed
-        drafter = getattr(getattr(getattr(self.engine, "engine", None), "spec", None), "drafter", None)
-        if drafter is not None and getattr(drafter, "name", None) == "suffix":
-            drafter.source = feed
+        attach = getattr(self.engine, "attach_draft_source", None)
+        if attach is not None:
+            attach(feed)
 
     def routing_stats(self) -> dict:
         """What Serve hands the request router: the load admission sees, and the recent cache

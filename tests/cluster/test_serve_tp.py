@@ -1,5 +1,8 @@
-"""A Serve replica of tp=2: the replica process is rank 0 and its ShardWorker sits in the
-replica's placement group; greedy output over HTTP equals the offline API (tp=1)."""
+"""A Serve replica of tp=2 with its engine in an engine process (the default on CUDA): that
+process is rank 0, its ShardWorker sits in the replica's placement group, started by the
+replica process; greedy output over HTTP equals the offline API (tp=1). (The engine on a
+thread of the replica, rank 0 there, is the offline API's ReplicaActor path, tested in
+test_tensor_parallel.py.)"""
 import sys
 
 import pytest
@@ -21,7 +24,7 @@ def test_serve_tp2_matches_offline():
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        args = {"tp": 2, "replicas": 1, "num_cpus_per_replica": 1, "torch_num_threads": 1,
+        args = {"tp": 2, "replicas": 1, "num_cpus_per_replica": 1, "torch_num_threads": 1, "engine_process": True,
                 "engine_args": {"cache_memory_bytes": 64 * 1024**2, "max_model_len": 256}}
         serve.run(build_app(args), name="hybrid-serve-tp", route_prefix="/")
         wait_http(f"http://127.0.0.1:{port}/health", timeout_s=180)

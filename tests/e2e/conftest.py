@@ -1,7 +1,10 @@
 """One local Ray + Serve app for all e2e tests (session scope), on loopback and a free port.
 
-The app: the built-in demo model, 2 engine replicas (so per-replica metrics are real), an
-API key, a small cache and context (so bad input stays cheap). Ray is shut down at the end.
+The app: the built-in demo model, 2 engine replicas (so per-replica metrics are real), each
+with its engine in an engine process (the default on CUDA; the apps of test_replica_failure,
+test_prefix_router and test_prometheus keep the CPU default, the engine on a thread of the
+replica), an API key, a small cache and context (so bad input stays cheap). Ray is shut down
+at the end.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ APP_ARGS = {
     "replicas": 2,
     "num_cpus_per_replica": 0.5,
     "torch_num_threads": 1,
+    "engine_process": True,
     "api_key": API_KEY,
     "metrics_push_interval_s": 0.5,
     "engine_args": {"cache_memory_bytes": 64 * 1024**2, "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 16},

@@ -175,9 +175,14 @@ def test_abort_from_outside_ends_the_stream_within_a_step(llm, engine):
     assert sum(len(s.token_ids) for d in deltas for s in d.seqs) < 100
 
 
-def test_shutdown_ends_every_open_stream():
+@pytest.mark.parametrize("engine_process", [False, True], ids=["thread", "process"])
+def test_shutdown_ends_every_open_stream(engine_process):
     llm = LLM(cache_memory_bytes=32 * 1024**2, max_model_len=128)
-    eng = AsyncLLMEngine(llm.engine, model_name="demo", replica="shutdown-test")
+    if engine_process:  # (engine/core_process.py; its other cases: test_engine_process.py)
+        eng = AsyncLLMEngine.from_config(llm.config, replica="shutdown-proc", engine_process=True, torch_num_threads=1)
+        assert eng.load().max_num_seqs == llm.engine.load_view().max_num_seqs  # known before any step (admission)
+    else:
+        eng = AsyncLLMEngine(llm.engine, model_name="demo", replica="shutdown-test")
     params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True, n=2)
 
     async def main():
@@ -193,7 +198,7 @@ def test_shutdown_ends_every_open_stream():
         tasks = [asyncio.create_task(consume(f"s{i}")) for i in range(3)]
         await started.wait()
         await asyncio.to_thread(eng.shutdown)
-        finals = await asyncio.wait_for(asyncio.gather(*tasks), timeout=10)
+        finals = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
         with pytest.raises(EngineDeadError):
             async for _ in eng.generate(_ids(llm), params, "late"):
                 pass
@@ -202,7 +207,10 @@ def test_shutdown_ends_every_open_stream():
     finals = asyncio.run(main())
     assert all(d.finished for d in finals)
     assert all(s.finish_reason in ("abort", "length") for d in finals for s in d.seqs)
-    llm.engine.cache.check_empty()
+    if engine_process:
+        assert eng.backend.proc.poll() == 0  # it exited by itself
+    else:
+        llm.engine.cache.check_empty()
 
 
 def test_speculative_stream_and_metrics(ref_llm):

@@ -1,0 +1,184 @@
+"""AsyncLLMEngine with its engine in an engine process of its own (engine/core_process.py):
+the same streams as the engine thread gives (greedy tokens and text, n > 1, stop strings held
+back), aborts, metrics and load from the reports, the prefix cache's events, the suffix
+drafter's index forwarded, and a killed or failing engine process answered with
+EngineDeadError / a start error naming the cause, never a hang."""
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from hybrid_serve import LLM, SamplingParams
+from hybrid_serve.engine.async_engine import AsyncLLMEngine, EngineDeadError
+from hybrid_serve.metrics import EngineMetrics
+
+ARGS = dict(cache_memory_bytes=32 * 1024**2, max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def ref_llm():
+    return LLM(**ARGS)
+
+
+@pytest.fixture(scope="module")
+def engine(ref_llm):
+    eng = AsyncLLMEngine.from_config(ref_llm.config, model_name="demo", replica="proc-test", engine_process=True,
+                                     torch_num_threads=1)
+    yield eng
+    eng.shutdown()
+
+
+def _wait_for(check, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.01)
+
+
+def _ids(llm, text="Hello, hybrid world"):
+    return llm.tokenizer.encode(text, add_special_tokens=False)
+
+
+async def _collect(engine, ids, params, rid):
+    texts, tokens, finish = {}, {}, {}
+    async for delta in engine.generate(ids, params, rid):
+        for s in delta.seqs:
+            texts[s.index] = texts.get(s.index, "") + s.text
+            tokens[s.index] = tokens.get(s.index, []) + s.token_ids
+            if s.finish_reason:
+                finish[s.index] = s.finish_reason
+    return texts, tokens, finish
+
+
+def test_streams_equal_the_offline_output(ref_llm, engine):
+    assert engine.engine is None and engine.backend.proc.pid != os.getpid()
+    assert engine.model_info().max_model_len == 128
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [_ids(ref_llm), _ids(ref_llm, "def fibonacci(n):"), _ids(ref_llm, "import os\n")]
+    want = [o.outputs[0] for o in ref_llm.generate(prompts, params)]
+    tokens_before = engine.metrics.generation_tokens._value.get()
+
+    async def main():
+        return await asyncio.gather(*[_collect(engine, p, params, f"p{i}") for i, p in enumerate(prompts)])
+
+    for (texts, tokens, finish), ref in zip(asyncio.run(main()), want):
+        assert tokens[0] == ref.token_ids and texts[0] == ref.text and finish[0] == "length"
+    assert engine.metrics.generation_tokens._value.get() == tokens_before + 36
+    _wait_for(lambda: engine.load().num_running == 0)  # (the step after the last tokens frees the rows)
+    assert engine.load().max_num_seqs == ref_llm.engine.load_view().max_num_seqs
+
+
+def test_n2_stop_strings_and_bad_input(ref_llm, engine):
+    params = SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
+    _texts, tokens, _finish = asyncio.run(_collect(engine, _ids(ref_llm), params, "n2"))
+    assert sorted(tokens) == [0, 1] and all(len(t) == 6 for t in tokens.values())
+    free = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    text = ref_llm.generate([_ids(ref_llm)], free)[0].outputs[0].text
+    at = next(i for i in range(4, len(text) - 4) if text.find(text[i:i + 4]) == i)
+    stop = text[at:at + 4]
+    texts, _tokens, finish = asyncio.run(_collect(engine, _ids(ref_llm), SamplingParams(
+        max_tokens=24, temperature=0.0, ignore_eos=True, stop=[stop]), "stop"))
+    assert texts[0] == text[:at] and finish[0] == "stop"
+    with pytest.raises(ValueError, match="vocabulary"):
+        asyncio.run(_collect(engine, [10**6], SamplingParams(max_tokens=2), "bad"))
+
+
+def test_aborts_end_streams_and_are_counted(ref_llm, engine):
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+    aborted = engine.metrics.success["abort"]._value.get()
+
+    async def main():
+        gen = engine.generate(_ids(ref_llm), params, "close-me")
+        await gen.__anext__()
+        await gen.aclose()  # a client disconnect
+        deltas = []
+
+        async def consume():
+            async for delta in engine.generate(_ids(ref_llm), params, "abort-me"):
+                deltas.append(delta)
+
+        task = asyncio.create_task(consume())
+        while not deltas:
+            await asyncio.sleep(0.01)
+        await engine.abort("abort-me")
+        await asyncio.wait_for(task, timeout=30)
+        return deltas
+
+    deltas = asyncio.run(main())
+    assert deltas[-1].finished and [s.finish_reason for s in deltas[-1].seqs] == ["abort"]
+    _wait_for(lambda: engine.load().num_running == 0)
+    assert engine.metrics.success["abort"]._value.get() == aborted + 2
+
+
+def test_prefix_cache_events_cross_the_process(ref_llm, engine):
+    engine.take_cache_events()
+    prompt = list(range(1, 90))
+    asyncio.run(_collect(engine, prompt, SamplingParams(max_tokens=2, temperature=0.0), "cached-1"))
+    _texts, _tokens, _finish = asyncio.run(_collect(engine, prompt, SamplingParams(max_tokens=2), "cached-2"))
+    events = engine.take_cache_events()
+    assert events and {e.kind for e in events} & {"checkpoint_taken", "kv_stored"}
+
+
+def test_suffix_drafts_come_from_the_forwarded_index(ref_llm):
+    """Method "suffix" in an engine process: the replica's feed forwards what its copy takes,
+    the process's drafter proposes from its own copy; greedy output unchanged."""
+    from hybrid_serve.routing.suffix_index import SuffixIndex
+
+    class Feed:  # SuffixFeed's side the front end uses: new_copy and listeners
+        listeners: list = []
+
+        def new_copy(self):
+            return SuffixIndex()
+
+    ids = _ids(ref_llm, "def fibonacci(n):")
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    want = ref_llm.generate([ids], params)[0].outputs[0].token_ids
+    llm_config = LLM(**ARGS, speculative_config=dict(method="suffix", num_speculative_tokens=4, adaptive=False)).config
+    metrics = EngineMetrics("demo", "proc-suffix")
+    eng = AsyncLLMEngine.from_config(llm_config, replica="proc-suffix", engine_process=True, torch_num_threads=1)
+    eng.metrics = metrics
+    try:
+        feed = Feed()
+        eng.attach_draft_source(feed)
+        feed.listeners[0](0, [list(ids) + list(want)])
+        _texts, tokens, _finish = asyncio.run(_collect(eng, ids, params, "suffix"))
+    finally:
+        eng.shutdown()
+    assert tokens[0] == want
+    assert metrics.spec_accepted_tokens._value.get() >= 8
+
+
+def test_killed_engine_process_fails_open_streams(ref_llm):
+    eng = AsyncLLMEngine.from_config(ref_llm.config, replica="proc-killed", engine_process=True, torch_num_threads=1)
+    params = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
+
+    async def main():
+        got = []
+
+        async def consume():
+            async for delta in eng.generate(_ids(ref_llm), params, "victim"):
+                got.append(delta)
+
+        task = asyncio.create_task(consume())
+        while not got:
+            await asyncio.sleep(0.01)
+        os.kill(eng.backend.proc.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError, match="exit code -9"):
+            await asyncio.wait_for(task, timeout=30)
+
+    asyncio.run(main())
+    with pytest.raises(EngineDeadError):
+        eng.check_health()
+    eng.shutdown(timeout_s=5)
+
+
+def test_start_failure_names_the_cause(tmp_path):
+    from hybrid_serve.engine.config import EngineConfig
+
+    (tmp_path / "config.json").write_text('{"model_type": "no_such_family"}')
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed to start(.|\n)*no_such_family"):
+        AsyncLLMEngine.from_config(EngineConfig(model=str(tmp_path)), engine_process=True)
+    assert time.monotonic() - started < 120
