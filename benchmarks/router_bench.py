@@ -181,6 +181,10 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--users", type=int, default=32)
     ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--user-tokens", type=int, default=64, help="serve: tokens of each user message")
+    ap.add_argument("--reply-tokens", type=int, default=16,
+                    help="serve: tokens of each stand-in assistant reply in the history (chat replies run to "
+                         "hundreds; the history a router can save grows by user + reply tokens a turn)")
     ap.add_argument("--routers", nargs="+", default=["prefix", "round_robin", "serve_default", "ray_prefix_affinity",
                                                       "single_replica"])
     ap.add_argument("--out-name", default=None,

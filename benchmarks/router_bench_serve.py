@@ -219,7 +219,8 @@ def run_serve(args) -> dict:
     rows, skipped = {}, {}
     try:
         for seed in args.seeds:
-            conversations = multi_turn(args.users, args.turns, seed)
+            conversations = multi_turn(args.users, args.turns, seed, user_tokens=args.user_tokens,
+                                       output_tokens=args.reply_tokens)
             for router in args.routers:
                 trace_path = f"/tmp/router_trace_{router}_seed{seed}_{os.getpid()}.jsonl" if args.trace else None
                 app = _app(router, args.replicas, cache_bytes, trace_path)
@@ -282,7 +283,8 @@ def run_serve(args) -> dict:
         "setup": "local Ray Serve (num_cpus=4 on 2 cores), demo model (11M params), 1 torch thread per replica; "
                  "the client, the ingress and the replicas share the 2 cores",
         "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared 1024-token "
-                    "system prompt, 64-token user turns + 16-token stand-in replies, arrivals over 2 s, think time "
+                    f"system prompt, {args.user_tokens}-token user turns + {args.reply_tokens}-token stand-in replies, "
+                    "arrivals over 2 s, think time "
                     f"0.2-1.0 s, max_tokens 4, greedy; {args.replicas} replicas x {cache_bytes >> 20} MiB cache "
                     f"(single_replica: one with {args.replicas}x), seeds {args.seeds}",
         "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "

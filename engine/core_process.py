@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Callable
@@ -174,7 +175,22 @@ def _start_engine(conn: Connection, config: EngineConfig, tp_setup, torch_num_th
     return LLMEngine(config, load_tokenizer(config.tokenizer or config.model), channel, on_shard_loaded)
 
 
+def _exit_with_parent(period_s: float = 1.0) -> None:
+    """A daemon thread that ends this process once its parent (the replica) is gone, even while
+    the main thread is stuck in a step (a collective waiting for a dead rank), so a killed
+    replica never leaves an engine holding the GPU."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(period_s)
+            if os.getppid() != parent:
+                os._exit(1)
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def child_main(fd: int) -> int:
+    _exit_with_parent()
     conn = Connection(fd)
     try:
         kind, config, tp_setup, threads = conn.recv()

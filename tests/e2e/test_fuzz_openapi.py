@@ -14,7 +14,7 @@ schemathesis = pytest.importorskip("schemathesis")
 requests = pytest.importorskip("requests")
 
 CAPS = {"max_tokens": 4, "max_completion_tokens": 4, "n": 3, "min_tokens": 4, "logprobs": 5, "top_logprobs": 5}
-EXAMPLES = {"POST": int(os.environ.get("HYBRID_SERVE_FUZZ_EXAMPLES", 80)), "GET": 5}
+EXAMPLES = {"POST": int(os.environ.get("HYBRID_SERVE_FUZZ_EXAMPLES", 60)), "GET": 5}
 RANDOM = os.environ.get("HYBRID_SERVE_FUZZ_RANDOM") == "1"  # default: the same cases every run
 
 
@@ -57,7 +57,7 @@ def test_fuzz_from_openapi(served):
     total = sum(counts.values())
     print(f"{total} cases:", dict(sorted(counts.items())))
     assert not server_errors, "\n".join(server_errors[:10])
-    assert total >= 300, f"only {total} cases: {counts}"
+    assert total >= 240, f"only {total} cases: {counts}"
     assert httpx.get(f"{served.base_url}/health", timeout=30).status_code == 200
     ok = httpx.post(f"{served.base_url}/v1/completions", headers=served.headers, timeout=60,
                     json={"prompt": "still alive?", "max_tokens": 2})

@@ -182,3 +182,39 @@ def test_start_failure_names_the_cause(tmp_path):
     with pytest.raises(RuntimeError, match="failed to start(.|\n)*no_such_family"):
         AsyncLLMEngine.from_config(EngineConfig(model=str(tmp_path)), engine_process=True)
     assert time.monotonic() - started < 120
+
+
+def test_engine_process_exits_with_its_replica(ref_llm, tmp_path):
+    """A replica killed outright (SIGKILL: no shutdown) takes its engine process with it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "replica.py"
+    script.write_text(
+        "import pickle, sys, time\n"
+        "from hybrid_serve.engine.async_engine import AsyncLLMEngine\n"
+        "config = pickle.load(open(sys.argv[1], 'rb'))\n"
+        "eng = AsyncLLMEngine.from_config(config, engine_process=True, torch_num_threads=1)\n"
+        "print(eng.backend.proc.pid, flush=True)\n"
+        "time.sleep(600)\n")
+    import pickle
+
+    (tmp_path / "config.pkl").write_bytes(pickle.dumps(ref_llm.config))
+    replica = subprocess.Popen([sys.executable, str(script), str(tmp_path / "config.pkl")], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        engine_pid = int(replica.stdout.readline())
+        assert _running(engine_pid)
+        replica.kill()
+        replica.wait()
+        _wait_for(lambda: not _running(engine_pid), timeout_s=20)
+    finally:
+        replica.kill()
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # a zombie has exited
+    except FileNotFoundError:
+        return False
