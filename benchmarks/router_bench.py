@@ -21,7 +21,6 @@ token ids), and one replica with the cache of all of them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random

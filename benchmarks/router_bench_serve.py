@@ -84,6 +84,7 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = 
     from ..deploy.app import build_app
 
     router, _, ingress_replicas = router.partition("@")
+    router, _, weight = router.partition(":w")  # "prefix:w2": ours with saved_weight=2 (routing/policy.py)
     unshared = router == "prefix_unshared"
     router = "prefix" if unshared else router
     single = router == "single_replica"
@@ -101,12 +102,14 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = 
         server._bound_deployment = server._bound_deployment.options(
             request_router_config=RequestRouterConfig(request_router_class=custom))
     traced = trace_path and router == "prefix" and not unshared and not ingress_replicas
-    if unshared or traced:
+    if unshared or traced or weight:
         from .router_bench_trace import TracedHybridRequestRouter
 
         server = app._bound_deployment.init_args[1]
         config = server._bound_deployment._deployment_config.request_router_config
-        extra = {"shared_index": False} if unshared else {"trace_path": trace_path}
+        extra = {"shared_index": False} if unshared else {"trace_path": trace_path} if traced else {}
+        if weight:
+            extra["saved_weight"] = float(weight)
         server._bound_deployment = server._bound_deployment.options(request_router_config=RequestRouterConfig(
             request_router_class=TracedHybridRequestRouter if traced else config.request_router_class,
             request_routing_stats_period_s=config.request_routing_stats_period_s,
@@ -227,7 +230,7 @@ def run_serve(args) -> dict:
                 if app is None:
                     skipped[router] = "Ray's PrefixCacheAffinityRouter does not import here"
                     continue
-                name = f"rb-{router.replace('@', '-x')}"
+                name = f"rb-{router.replace('@', '-x').replace(':', '-')}"
                 serve.run(app, name=name, route_prefix=f"/{name}")
                 base = f"http://127.0.0.1:{port}/{name}"
                 for _ in range(600):

@@ -116,7 +116,7 @@ class PrefixAwarePolicy:
     the stats period: without this a burst goes wholly to the replica that looked best in the
     last one). A placement counts until the replica's next report (one whose load changed),
     its completion (`complete`, where the caller learns of it) or `unreported_ttl_s`. The best
-    `saved - cost` wins (ties at random), unless it is out of balance (`imbalance_ratio` x the
+    `saved_weight x saved - cost` wins (ties at random), unless it is out of balance (`imbalance_ratio` x the
     least queue, and `imbalance_min` more): then the less loaded of two random replicas, as
     when nothing matches anywhere. A request with a session id goes where the session went
     last while that replica is in balance. Placements are recorded in the index (`record`), so
@@ -125,12 +125,19 @@ class PrefixAwarePolicy:
     Decision reasons (the metric's label): "prefix" (placed where a prefix matches),
     "session", "pow2" (nothing matches anywhere), "imbalance" (a prefix matches somewhere,
     but its replicas were overloaded: by score or out of balance).
+
+    `saved_weight` (default 1: saved and queued tokens weigh the same, this request's own time
+    to a first token): > 1 also counts that tokens recomputed on a busy replica delay the
+    requests queued behind them there, so a conversation leaves the replica holding its
+    history only for a larger load difference.
     """
 
     def __init__(self, index, seed: int | None = None, running_cost_tokens: int = 64,
                  no_slot_cost_tokens: int = 4096, imbalance_ratio: float = 2.0, imbalance_min: int = 8,
                  max_sessions: int = 100_000, unreported_ttl_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, saved_weight: float = 1.0) -> None:
+        if not saved_weight > 0:
+            raise ValueError(f"saved_weight must be > 0, got {saved_weight!r}")
         self.index = index
         self.fallback = PowerOfTwoChoices(seed)
         self._rng = random.Random(seed)
@@ -138,6 +145,7 @@ class PrefixAwarePolicy:
         self.no_slot_cost_tokens = no_slot_cost_tokens
         self.imbalance_ratio = imbalance_ratio
         self.imbalance_min = imbalance_min
+        self.saved_weight = saved_weight
         self.max_sessions = max_sessions
         self.unreported_ttl_s = unreported_ttl_s
         self.clock = clock
@@ -228,7 +236,8 @@ class PrefixAwarePolicy:
             loads = self._with_unreported(replicas, extra)
             replica_id, reason = self.fallback.choose(request, loads).replica_id, "pow2"
         else:
-            scores = [(saved.get(r.replica_id, 0) - self._cost(r, extra.get(r.replica_id)), r.replica_id)
+            scores = [(self.saved_weight * saved.get(r.replica_id, 0) - self._cost(r, extra.get(r.replica_id)),
+                       r.replica_id)
                       for r in replicas]
             top = max(score for score, _ in scores)
             best = self._rng.choice([replica_id for score, replica_id in scores if score == top])

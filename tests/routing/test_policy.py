@@ -122,3 +122,22 @@ def test_a_conversation_stays_where_its_history_is_while_the_load_difference_is_
              ReplicaStats("r2", num_free_state_slots=8)]
     placement = policy.choose(RoutingRequest(turn1 + [6] * 80), stats)
     assert (placement.replica_id, placement.reason, placement.predicted_hit_tokens) == ("r1", "prefix", 1216)
+
+
+def test_saved_weight_keeps_a_conversation_on_its_history_against_a_larger_load_difference():
+    """r1 holds 192 tokens of the conversation's history more than the others, and has 300
+    tokens more waiting: at the default weight the request moves (192 < 300); with
+    saved_weight=2 (recomputed tokens also delay those queued behind them) it stays on r1."""
+    turn1 = _conversation(7, turns=3) + [5] * 16  # its prompt-end checkpoint at 1,216
+    stats = [ReplicaStats("r0", num_free_state_slots=8),
+             ReplicaStats("r1", num_waiting=1, num_waiting_tokens=300, num_free_state_slots=8)]
+    chosen = {}
+    for weight in (1.0, 2.0):
+        policy = _prefix_policy(saved_weight=weight)
+        for r in ("r0", "r1"):
+            policy.index.record_sent(r, _conversation(0))
+        policy.index.record_sent("r1", turn1)
+        chosen[weight] = policy.rank(RoutingRequest(turn1 + [6] * 80), stats).replica_id
+    assert chosen == {1.0: "r0", 2.0: "r1"}
+    with pytest.raises(ValueError, match="saved_weight"):
+        _prefix_policy(saved_weight=0)
