@@ -123,14 +123,21 @@ class EngineProcess:
                 elif message[0] == "dead":
                     error = EngineDeadError(f"engine step failed:\n{message[1]}")
                     break
-        except (EOFError, OSError):
-            error = EngineDeadError(f"the engine process exited (exit code {self.proc.poll()})")
+        except (EOFError, OSError):  # its end of the socket closed: it exited, or is exiting
+            error = EngineDeadError(f"the engine process exited (exit code {self._exit_code()})")
         except BaseException as exc:  # noqa: BLE001 - a report the front end could not take
             logger.exception("engine process reports")
             error = exc
         with self._send_lock:
             self._closed = True
         self.on_exit(error)
+
+    def _exit_code(self, wait_s: float = 5.0) -> int | str:
+        try:
+            return self.proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:  # closed its socket but still running: of no use, and holds the GPU
+            self.proc.kill()
+            return f"none: it closed its socket, did not exit within {wait_s:.0f} s and was killed"
 
     def alive(self) -> bool:
         return self._reader.is_alive() and self.proc.poll() is None
