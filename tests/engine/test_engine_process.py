@@ -13,6 +13,7 @@ import pytest
 from hybrid_serve import LLM, SamplingParams
 from hybrid_serve.engine.async_engine import AsyncLLMEngine, EngineDeadError
 from hybrid_serve.metrics import EngineMetrics
+from test_async_engine import _collect, _ids  # (same folder: the thread's tests' helpers)
 
 ARGS = dict(cache_memory_bytes=32 * 1024**2, max_model_len=128)
 
@@ -35,21 +36,6 @@ def _wait_for(check, timeout_s=30.0):
     while not check():
         assert time.monotonic() < deadline, "not within the timeout"
         time.sleep(0.01)
-
-
-def _ids(llm, text="Hello, hybrid world"):
-    return llm.tokenizer.encode(text, add_special_tokens=False)
-
-
-async def _collect(engine, ids, params, rid):
-    texts, tokens, finish = {}, {}, {}
-    async for delta in engine.generate(ids, params, rid):
-        for s in delta.seqs:
-            texts[s.index] = texts.get(s.index, "") + s.text
-            tokens[s.index] = tokens.get(s.index, []) + s.token_ids
-            if s.finish_reason:
-                finish[s.index] = s.finish_reason
-    return texts, tokens, finish
 
 
 def test_streams_equal_the_offline_output(ref_llm, engine):
