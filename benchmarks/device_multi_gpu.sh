@@ -13,8 +13,10 @@ set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-tar -xJf .devcache/raysite.tar.xz -C /tmp && export PYTHONPATH=/tmp/raysite:${PYTHONPATH:-}
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+[ -d /tmp/raysite ] || tar -xJf .devcache/raysite.tar.xz -C /tmp
+export PYTHONPATH=/tmp/raysite:${PYTHONPATH:-}
+[ "${SKIP_INSTALL:-0}" = "1" ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || echo "pip install failed"
 MODE=${1:-all}
 TP=${TP:-4}
 python3 - <<'EOF' 2>&1 | tee "$OUT/copy_rate.txt"

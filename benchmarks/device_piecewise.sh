@@ -14,7 +14,8 @@ set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+[ "${SKIP_INSTALL:-0}" = "1" ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || echo "pip install failed"
 PW='{"enable_piecewise_graphs": true, "piecewise_graph_max_tokens": 2048}'
 VARIANTS=${VARIANTS:-63x0x0,0x1x512,63x1x64,63x1x512,63x4x512,0x1x2048,63x1x2048}
 case "${1:-test}" in

@@ -10,7 +10,8 @@ set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+[ "${SKIP_INSTALL:-0}" = "1" ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 \
+  || echo "pip install failed"
 case "${1:-spec}" in
   spec)
     timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_gpu.py 2>&1 | tee "$OUT/spec_gpu_tests.log" \
