@@ -64,7 +64,7 @@ class ModelRunner:
                 self.use_piecewise_graphs(piecewise_max_tokens).capture()
             except Exception as exc:
                 raise RuntimeError(f"piecewise CUDA graph capture failed ({exc!r}); start with "
-                                   "enable_piecewise_graphs=False (the default) to run these steps eagerly") from exc
+                                   "enable_piecewise_graphs=False to run these steps eagerly") from exc
 
     def use_decode_graphs(self, max_batch: int) -> DecodeGraphs:
         """Route decode steps of up to max_batch rows through DecodeGraphs (captured by the

@@ -45,7 +45,8 @@ SERVE_FLAGS = {
     "stream-max-messages-per-s": (["--stream-max-messages-per-s", "0"], lambda a, e: a.stream_max_messages_per_s == 0),
     "revision": (["--model", DEMO_DIR, "--revision", "v1"], lambda a, e: e.revision == "v1" and e.model == DEMO_DIR),
     "model": (["--model", DEMO_DIR], lambda a, e: e.model == DEMO_DIR and a.model_name == "demo"),
-    "device": (["--device", "cuda"], lambda a, e: e.device == "cuda" and a.gpus_per_shard == 1.0),
+    "device": (["--device", "cuda"], lambda a, e: e.device == "cuda" and a.gpus_per_shard == 1.0
+               and e.enable_piecewise_graphs is True and e.prefill_hold_steps == 16),
     "replicas": (["--replicas", "3"], lambda a, e: a.replicas == 3),
     "api-key": (["--api-key", "k"], lambda a, e: a.api_key == "k"),
     "speculative-config": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
@@ -67,6 +68,7 @@ def test_serve_defaults():
     assert not app.enable_log_requests and app.chat_template is None and app.tp == 1
     assert app.stream_interval == 1 and app.stream_max_messages_per_s == AppConfig().stream_max_messages_per_s
     assert engine.gpu_memory_utilization == 0.85 and engine.load_format == "auto"
+    assert engine.device == "cpu" and engine.enable_piecewise_graphs is False  # CUDA's default: on
 
 
 def test_chat_template_file_reaches_the_chat_renderer(tmp_path):
