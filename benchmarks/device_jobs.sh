@@ -16,6 +16,7 @@ if [ -z "${JOBS_READY:-}" ]; then
   python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
   export JOBS_READY=1
 fi
+[ -d /tmp/raysite ] && export PYTHONPATH=/tmp/raysite:${PYTHONPATH:-}  # Ray for the jobs that import it
 names=()
 for spec in "$@"; do
   IFS='|' read -r name gpus cmd <<< "$spec"
