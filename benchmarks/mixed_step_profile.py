@@ -109,8 +109,10 @@ def main() -> None:
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
     tmp = tempfile.mkdtemp()
+    # prefill_hold_steps=0: the prompts join the decode rows' next step (CUDA's default, 16, holds
+    # them back while the rows decode, and the timed step would be a pure decode step)
     kwargs = dict(model=write_model_dir(args.model, tmp), load_format="dummy", dtype="bfloat16", device="cuda",
-                  async_scheduling=False)
+                  async_scheduling=False, prefill_hold_steps=0)
     kwargs.update(json.loads(args.engine_args))
     engine = LLM(**kwargs).engine
     vocab = min(CONFIGS[args.model]().vocab_size, 32000)

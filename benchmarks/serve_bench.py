@@ -13,6 +13,13 @@ time. Several concurrencies run one after the other against the same server.
 [len * r, len]). Prompt ids are drawn from [10, vocab) with a seed, so a run is repeatable.
 `--start-server "CMD"` starts the server itself (a shell command), times start-up to the first
 answering `/health`, runs the benchmark and stops it (SIGINT, then SIGKILL).
+
+Where a request's TTFT goes: around each level the server's `/metrics` is scraped (once more
+after the replicas' next push) and the level's rows get `replica_ttft_mean_ms` (arrival at
+the engine replica to its first token, the replicas' own histogram) and
+`replica_queue_mean_ms` (arrival to first scheduled); the client's TTFT mean minus the
+replica's is the time before the replica (client, HTTP proxy, ingress, Serve's routing) plus
+the first chunk's way back. Omitted when the server has no hybrid_serve metrics.
 """
 from __future__ import annotations
 
@@ -146,6 +153,42 @@ def served_model(base_url: str) -> str:
         return json.load(resp)["data"][0]["id"]
 
 
+SERVER_HISTOGRAMS = {"replica_ttft": "hybrid_serve_time_to_first_token_seconds",
+                     "replica_queue": "hybrid_serve_queue_time_seconds"}
+
+
+def scrape_sums(base_url: str) -> dict[str, tuple[float, float]] | None:
+    """(sum, count) over all label sets of each SERVER_HISTOGRAMS series in GET /metrics, or
+    None where the server has none (another server, or its metrics unreachable)."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+    sums = {key: [0.0, 0.0] for key in SERVER_HISTOGRAMS}
+    seen = False
+    for line in text.splitlines():
+        for key, name in SERVER_HISTOGRAMS.items():
+            for part, i in (("_sum", 0), ("_count", 1)):
+                if line.startswith(name + part + "{") or line.startswith(name + part + " "):
+                    sums[key][i] += float(line.rsplit(" ", 1)[1])
+                    seen = True
+    return {k: (v[0], v[1]) for k, v in sums.items()} if seen else None
+
+
+def server_side(before, after) -> dict:
+    """The level's mean of each server histogram, in ms, from two scrapes."""
+    out = {}
+    if before is None or after is None:
+        return out
+    for key in SERVER_HISTOGRAMS:
+        total, count = after[key][0] - before[key][0], after[key][1] - before[key][1]
+        if count > 0:
+            out[f"{key}_mean_ms"] = 1e3 * total / count
+            out[f"{key}_count"] = int(count)
+    return out
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -167,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--startup-timeout", type=float, default=900.0)
     ap.add_argument("--json", default=None, help="write the result here")
     ap.add_argument("--label", default="", help="free text stored with the result")
+    ap.add_argument("--metrics-settle", type=float, default=2.5,
+                    help="seconds to wait after a level for the replicas' metrics push before scraping")
     args = ap.parse_args(argv)
     num_prompts = args.num_prompts or [5 * c for c in args.concurrency]
     if len(num_prompts) != len(args.concurrency):
@@ -194,13 +239,20 @@ def main(argv=None) -> int:
                                    args.seed + 1000 * i)
             if args.warmup:
                 asyncio.run(run_level(args.base_url, model, prompts[: args.warmup], 1, args.request_timeout))
+            time.sleep(args.metrics_settle if args.warmup else 0.0)  # the warm-up's push, before the scrape
+            before = scrape_sums(args.base_url)
             row = asyncio.run(run_level(args.base_url, model, prompts[args.warmup:], conc, args.request_timeout))
+            if before is not None:
+                time.sleep(args.metrics_settle)
+                row.update(server_side(before, scrape_sums(args.base_url)))
             levels.append(row)
             tp = row["tpot_ms"] or {}
             tt = row["ttft_ms"] or {}
             print(f"c={conc:<3} n={num:<4} out {row['output_tok_s']:9.1f} tok/s  TTFT mean {tt.get('mean', 0):8.1f} "
                   f"ms  TPOT mean {tp.get('mean', 0):7.2f} ms (p99 {tp.get('p99', 0):7.2f})  tokens/chunk "
                   f"{row['tokens_per_chunk']:.2f}  failed {row['failed']}"
+                  + (f"  replica TTFT mean {row['replica_ttft_mean_ms']:.1f} ms, queue {row.get('replica_queue_mean_ms', 0):.1f} ms"
+                     if "replica_ttft_mean_ms" in row else "")
                   + (f"  {row['errors']}" if row["errors"] else ""), flush=True)
         result["levels"] = levels
     finally:

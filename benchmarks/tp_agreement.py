@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from model_configs import write_model_dir  # noqa: E402
 
 from hybrid_serve.actors.offline import ReplicaSet  # noqa: E402
+from hybrid_serve.engine.batch import BatchItem  # noqa: E402
 from hybrid_serve.engine.config import EngineConfig  # noqa: E402
 from hybrid_serve.engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -30,9 +31,9 @@ def run(model_dir, dtype, tp, prompts):
                           chunked_prefill_size=512)
     replicas = ReplicaSet(config, tp, 1)
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=20)
-    results = replicas.generate([(str(i), p, params) for i, p in enumerate(prompts)])
+    results = replicas.generate([BatchItem(str(i), p, params) for i, p in enumerate(prompts)])
     replicas.shutdown()
-    return [results[str(i)]["outputs"][0] for i in range(len(prompts))]
+    return [results[str(i)].outputs[0] for i in range(len(prompts))]
 
 
 def compare(base, other):

@@ -62,6 +62,13 @@ class ModelRunner:
                 raise ValueError(f"piecewise CUDA graphs need a CUDA device, got {self.device}")
             try:
                 self.use_piecewise_graphs(piecewise_max_tokens).capture()
+            except torch.OutOfMemoryError as exc:
+                # the pools were sized first (gpu_memory_utilization of the free memory): the
+                # graphs' activations must fit in what is left
+                raise RuntimeError(
+                    f"piecewise CUDA graphs up to {piecewise_max_tokens} tokens do not fit beside the cache "
+                    f"({exc}); start with a smaller piecewise_graph_max_tokens or gpu_memory_utilization, or "
+                    "with enable_piecewise_graphs=False to run these steps eagerly") from exc
             except Exception as exc:
                 raise RuntimeError(f"piecewise CUDA graph capture failed ({exc!r}); start with "
                                    "enable_piecewise_graphs=False to run these steps eagerly") from exc
