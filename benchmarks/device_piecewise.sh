@@ -36,7 +36,7 @@ case "${1:-test}" in
       name=${v%%=*}; args=${v#*=}; echo "== $name: engine args $args"
       timeout 280 python3 benchmarks/loaded_tpot.py --hold-steps 0,16 --engine-args "$args" \
         --json "$OUT/loaded_tpot_$name.json" 2>&1 \
-        | grep -vE "Loading|Warm-up|it/s" | grep -E "TPOT|pure decode"
+        | grep -vE "Loading|Warm-up|it/s" | grep -E "TPOT|pure decode|Error"
     done ;;
   fast)
     HYBRID_SERVE_TRITON_FAST_LAUNCH=1 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels \

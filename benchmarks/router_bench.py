@@ -3,6 +3,8 @@ Serve's default (power of two choices) and Ray's PrefixCacheAffinityRouter, with
 
     python -m hybrid_serve.benchmarks.router_bench micro            # no Ray: decision time, cache simulation
     python -m hybrid_serve.benchmarks.router_bench serve --replicas 4  # local Ray Serve, demo model on CPU
+    python -m hybrid_serve.benchmarks.router_bench serve --replicas 4 --device cuda --model qwen3_5_2p3b \
+        --gpus-per-replica 1 --cache-mib 2048 --system-tokens 4096 ...   # GPUs, dummy weights
 
 micro (no Ray, no model):
   - router_decision_p99_ms: HybridRequestRouter.place + on_request_routed (the whole decision in
@@ -190,6 +192,19 @@ def main() -> int:
                     help="the results file's name (default router_micro.json / router_multi_turn.json)")
     ap.add_argument("--trace", action="store_true",
                     help="serve: our router writes its decisions down; rows get where the hit tokens went")
+    ap.add_argument("--system-tokens", type=int, default=1024, help="serve: the shared system prompt's tokens")
+    ap.add_argument("--max-tokens", type=int, default=4, help="serve: output tokens of each turn")
+    ap.add_argument("--model", default="demo",
+                    help="serve: 'demo' (the built-in model, CPU) or a benchmarks/model_configs.py name (dummy weights)")
+    ap.add_argument("--device", default="cpu", help="serve: cpu or cuda")
+    ap.add_argument("--dtype", default="bfloat16", help="serve, with --model NAME: the weights' dtype")
+    ap.add_argument("--gpus-per-replica", type=float, default=1.0,
+                    help="serve, on cuda: GPU share of each replica (0.25: four replicas on one card)")
+    ap.add_argument("--cache-mib", type=int, default=48, help="serve: KV + state cache of each replica, MiB")
+    ap.add_argument("--max-model-len", type=int, default=2048, help="serve: the engines' max_model_len")
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="serve: the engines' max_num_seqs")
+    ap.add_argument("--engine-args", default="{}", help="serve: JSON of further engine arguments")
+    ap.add_argument("--ray-cpus", type=int, default=4, help="serve: CPUs of the local Ray")
     ap.add_argument("--kill-router-after-s", type=float, default=None,
                     help="serve: kill the Router actor (it restarts) this far into the prefix router's run")
     args = ap.parse_args()

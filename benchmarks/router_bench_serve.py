@@ -75,7 +75,28 @@ else:
     RayPrefixAffinityOnIds = None
 
 
-def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = None):
+def model_args(args) -> dict:
+    """The app's model and placement arguments: the built-in demo on CPU (default), or with
+    `--model NAME` a `model_configs` architecture with dummy weights and the synthetic
+    tokenizer (every id decodes), on `--device` with `--gpus-per-replica` of a GPU each
+    (fractions share a card, as the issue allows); `--engine-args` (JSON) on top."""
+    out: dict = {"engine_args": {"max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}}
+    if args.model != "demo":
+        import tempfile
+
+        from .model_configs import CONFIGS, write_model_dir
+        from .synthetic_tokenizer import write_tokenizer
+
+        tmp = tempfile.mkdtemp(prefix="router_bench_")
+        out.update(model=write_model_dir(args.model, tmp), load_format="dummy", dtype=args.dtype,
+                   tokenizer=write_tokenizer(os.path.join(tmp, "tokenizer"), CONFIGS[args.model]().vocab_size))
+    if args.device != "cpu":
+        out.update(device=args.device, num_gpus_per_shard=args.gpus_per_replica)
+    out["engine_args"].update(json.loads(args.engine_args))
+    return out
+
+
+def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = None, model: dict | None = None):
     """The app for `router`; "NAME@K": the same with K ingress replicas (each with its own
     request router); "prefix_unshared": ours with a per-router index instead of the Router actor's;
     `trace_path`: ours (1 ingress replica, shared index) writes its decisions there."""
@@ -88,11 +109,14 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = 
     unshared = router == "prefix_unshared"
     router = "prefix" if unshared else router
     single = router == "single_replica"
+    model = model or {"engine_args": {"max_model_len": 2048, "max_num_seqs": 8}}
     args = {"replicas": 1 if single else replicas, "num_cpus_per_replica": 0.5, "torch_num_threads": 1,
             "router": "prefix" if router == "prefix" else "pow2", "router_stats_period_s": 0.5,
             "max_waiting_requests": 64, "max_waiting_tokens": 1 << 20, "max_queued_requests": 512,
-            "engine_args": {"cache_memory_bytes": cache_bytes * (replicas if single else 1), "max_model_len": 2048,
-                            "max_num_seqs": 8}}
+            **model, "engine_args": {**model["engine_args"],
+                                     "cache_memory_bytes": cache_bytes * (replicas if single else 1)}}
+    if single and "num_gpus_per_shard" in args:  # the one replica with all the cache gets all their GPU share
+        args["num_gpus_per_shard"] = min(1.0, args["num_gpus_per_shard"] * replicas)
     app = build_app(args)
     if router in ("round_robin", "ray_prefix_affinity"):
         custom = RoundRobinRouter if router == "round_robin" else RayPrefixAffinityOnIds
@@ -119,10 +143,11 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = 
     return app
 
 
-async def _user(client, url: str, user: int, prompts: list[list[int]], rng: random.Random, out: list) -> None:
+async def _user(client, url: str, user: int, prompts: list[list[int]], rng: random.Random, out: list,
+                max_tokens: int = 4) -> None:
     await asyncio.sleep(rng.uniform(0, 2.0))  # arrivals spread over 2 s
     for turn, prompt in enumerate(prompts):
-        body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "stream": True,
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         start, ttft, usage = time.perf_counter(), None, None
         async with client.stream("POST", url, json=body, timeout=300) as resp:
@@ -143,13 +168,13 @@ async def _user(client, url: str, user: int, prompts: list[list[int]], rng: rand
         await asyncio.sleep(rng.uniform(0.2, 1.0))  # think time
 
 
-async def _drive(url: str, conversations, seed: int) -> list[dict]:
+async def _drive(url: str, conversations, seed: int, max_tokens: int = 4) -> list[dict]:
     import httpx2 as httpx
 
     out: list[dict] = []
     rng = random.Random(seed)
-    async with httpx.AsyncClient() as client:
-        await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out)
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(conversations) + 8)) as client:
+        await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out, max_tokens)
                                for u, c in enumerate(conversations)))
     return out
 
@@ -203,6 +228,14 @@ def _decision_reasons(base: str) -> Counter:
     return out
 
 
+def _device_name(device: str) -> str:
+    if device == "cpu":
+        return f"cpu ({os.cpu_count()} cores)"
+    import torch
+
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -215,25 +248,26 @@ def run_serve(args) -> dict:
     from ray import serve
 
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # (a line per request otherwise)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    cache_bytes = 48 * 1024**2
+    cache_bytes = args.cache_mib * 1024**2
+    model = model_args(args)
     rows, skipped = {}, {}
     try:
         for seed in args.seeds:
-            conversations = multi_turn(args.users, args.turns, seed, user_tokens=args.user_tokens,
-                                       output_tokens=args.reply_tokens)
+            conversations = multi_turn(args.users, args.turns, seed, system_tokens=args.system_tokens,
+                                       user_tokens=args.user_tokens, output_tokens=args.reply_tokens)
             for router in args.routers:
                 trace_path = f"/tmp/router_trace_{router}_seed{seed}_{os.getpid()}.jsonl" if args.trace else None
-                app = _app(router, args.replicas, cache_bytes, trace_path)
+                app = _app(router, args.replicas, cache_bytes, trace_path, model)
                 if app is None:
                     skipped[router] = "Ray's PrefixCacheAffinityRouter does not import here"
                     continue
                 name = f"rb-{router.replace('@', '-x').replace(':', '-')}"
                 serve.run(app, name=name, route_prefix=f"/{name}")
                 base = f"http://127.0.0.1:{port}/{name}"
-                for _ in range(600):
+                for _ in range(1200):
                     try:
                         if httpx.get(f"{base}/health", timeout=5).status_code == 200:
                             break
@@ -245,7 +279,7 @@ def run_serve(args) -> dict:
                 reasons_before = _decision_reasons(base)
                 started = time.perf_counter()
                 killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
-                results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed))
+                results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed, args.max_tokens))
                 wall = time.perf_counter() - started
                 time.sleep(2.0)  # the ingress's metrics push
                 reasons = {k: int(v) for k, v in (_decision_reasons(base) - reasons_before).items()}
@@ -282,14 +316,16 @@ def run_serve(args) -> dict:
     hits = {k: sum(r["hit_tokens"] for r in v) for k, v in rows.items()}
     return {
         "metric": "router_multi_turn",
-        "device": "cpu (2 cores)",
-        "setup": "local Ray Serve (num_cpus=4 on 2 cores), demo model (11M params), 1 torch thread per replica; "
-                 "the client, the ingress and the replicas share the 2 cores",
-        "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared 1024-token "
-                    f"system prompt, {args.user_tokens}-token user turns + {args.reply_tokens}-token stand-in replies, "
-                    "arrivals over 2 s, think time "
-                    f"0.2-1.0 s, max_tokens 4, greedy; {args.replicas} replicas x {cache_bytes >> 20} MiB cache "
-                    f"(single_replica: one with {args.replicas}x), seeds {args.seeds}",
+        "device": _device_name(args.device),
+        "setup": (f"local Ray Serve (num_cpus={args.ray_cpus}), model {args.model}"
+                  + (" (11M params), 1 torch thread per replica" if args.model == "demo" else " (dummy weights)")
+                  + (f", {args.gpus_per_replica} GPU per replica" if args.device != "cpu" else "")
+                  + f", engine args {json.dumps(model['engine_args'])}"),
+        "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared "
+                    f"{args.system_tokens}-token system prompt, {args.user_tokens}-token user turns + "
+                    f"{args.reply_tokens}-token stand-in replies, arrivals over 2 s, think time "
+                    f"0.2-1.0 s, max_tokens {args.max_tokens}, greedy; {args.replicas} replicas x "
+                    f"{cache_bytes >> 20} MiB cache (single_replica: one with {args.replicas}x), seeds {args.seeds}",
         "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "
                     "defaults, on the token ids), one replica with the total cache: same run, same seed",
         "trace": bool(args.trace),

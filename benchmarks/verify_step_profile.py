@@ -97,11 +97,14 @@ def main() -> int:
     if args.cprofile:
         return host_profile(LLM, base, prompts, args.k)
     out = {}
+    plain_kernels = None
     for graphs in (True, False):
         llm = LLM(**base, enable_cuda_graphs=graphs, warm_up=False)
         step_times(llm.engine, prompts, 8)
         _, plain = step_times(llm.engine, prompts, 40)
         out[f"plain_decode_ms_graphs_{'on' if graphs else 'off'}"] = round(statistics.median(plain), 3)
+        if graphs:  # the decode graph's kernels: the baseline of the verify graph's
+            plain_kernels = kernel_profile(llm.engine, prompts)
         del llm
         torch.cuda.empty_cache()
     # always K drafts, all rejected: every verify step carries K + 1 tokens per row
@@ -112,34 +115,47 @@ def main() -> int:
     step_times(llm.engine, prompts, 8)
     verify, _ = step_times(llm.engine, prompts, 24)
     out["verify_step_ms"] = round(statistics.median(verify), 3)
-    engine = llm.engine
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    verify_kernels = kernel_profile(llm.engine, prompts)
+    out["verify_kernel_launches_per_step"] = round(sum(c for c, _ in verify_kernels.values()), 1)
+    out["verify_gpu_busy_ms_per_step"] = round(sum(ms for _, ms in verify_kernels.values()), 3)
+    out["plain_kernel_launches_per_step"] = round(sum(c for c, _ in plain_kernels.values()), 1)
+    out["plain_gpu_busy_ms_per_step"] = round(sum(ms for _, ms in plain_kernels.values()), 3)
+    names = set(verify_kernels) | set(plain_kernels)
+    diff = sorted(names, key=lambda n: -(verify_kernels.get(n, (0, 0))[1] - plain_kernels.get(n, (0, 0))[1]))
+    out["kernels_verify_vs_plain"] = [
+        dict(name=n[:90], verify_calls=verify_kernels.get(n, (0, 0))[0], verify_ms=verify_kernels.get(n, (0, 0))[1],
+             plain_calls=plain_kernels.get(n, (0, 0))[0], plain_ms=plain_kernels.get(n, (0, 0))[1]) for n in diff[:25]]
+    out.update(batch=args.batch, k=args.k, device=torch.cuda.get_device_name(), model="qwen3_5_2p3b dummy bf16")
+    os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
+    with open(os.path.join(args.out, "results", f"verify_step_profile_bs{args.batch}.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k != "kernels_verify_vs_plain"}))
+    print("per step: verify ms (calls) | plain decode ms (calls) | kernel, by what the verify step adds")
+    for k in out["kernels_verify_vs_plain"]:
+        print(f"{k['verify_ms']:8.3f} ({k['verify_calls']:5.1f}) | {k['plain_ms']:8.3f} ({k['plain_calls']:5.1f}) | {k['name']}")
+    return 0
+
+
+def kernel_profile(engine, prompts, steps: int = 3) -> dict[str, tuple[float, float]]:
+    """kernel name -> (launches, GPU ms) per step over `steps` decode-phase steps (torch
+    profiler; kernels replayed from CUDA graphs are traced one by one)."""
+    params = SamplingParams(max_tokens=steps + 12, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(prompts):
-        engine.add_request(f"prof{i}", p, params)
+        engine.add_request(f"prof{i}-{time.monotonic_ns()}", p, params)
     while any(r.num_tokens_to_compute > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    for _ in range(2):  # past the first decode steps
         engine.step()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
+        for _ in range(steps):
             engine.step()
         torch.cuda.synchronize()
     while engine.has_unfinished():
         engine.step()
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels = sorted(events, key=lambda e: -e.device_time_total)
-    out["verify_kernel_launches_per_step"] = round(sum(e.count for e in kernels) / 3, 1)
-    out["verify_gpu_busy_ms_per_step"] = round(sum(e.device_time_total for e in kernels) / 3 / 1e3, 3)
-    out["top_kernels"] = [dict(name=e.key[:90], calls_per_step=round(e.count / 3, 1),
-                               ms_per_step=round(e.device_time_total / 3 / 1e3, 3)) for e in kernels[:20]]
-    out.update(batch=args.batch, k=args.k, device=torch.cuda.get_device_name(), model="qwen3_5_2p3b dummy bf16")
-    os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
-    with open(os.path.join(args.out, "results", f"verify_step_profile_bs{args.batch}.json"), "w") as f:
-        json.dump(out, f, indent=1)
-    print(json.dumps({k: v for k, v in out.items() if k != "top_kernels"}))
-    for k in out["top_kernels"]:
-        print(f"{k['ms_per_step']:8.3f} ms {k['calls_per_step']:6.1f}x  {k['name']}")
-    return 0
+    return {e.key: (round(e.count / steps, 1), round(e.device_time_total / steps / 1e3, 4)) for e in events}
 
 
 if __name__ == "__main__":

@@ -60,15 +60,17 @@ class ModelRunner:
         if piecewise_max_tokens > 0:
             if self.device.type != "cuda":
                 raise ValueError(f"piecewise CUDA graphs need a CUDA device, got {self.device}")
+            before = cuda_memory_note(self.device)
             try:
                 self.use_piecewise_graphs(piecewise_max_tokens).capture()
             except torch.OutOfMemoryError as exc:
                 # the pools were sized first (gpu_memory_utilization of the free memory): the
-                # graphs' activations must fit in what is left
+                # graphs' activations must fit in what is left (sizes that do not are skipped;
+                # this is none fitting)
                 raise RuntimeError(
-                    f"piecewise CUDA graphs up to {piecewise_max_tokens} tokens do not fit beside the cache "
-                    f"({exc}); start with a smaller piecewise_graph_max_tokens or gpu_memory_utilization, or "
-                    "with enable_piecewise_graphs=False to run these steps eagerly") from exc
+                    f"no piecewise CUDA graph of up to {piecewise_max_tokens} tokens fits beside the cache "
+                    f"(before the capture: {before}; {exc}); start with a smaller piecewise_graph_max_tokens or "
+                    "gpu_memory_utilization, or with enable_piecewise_graphs=False to run these steps eagerly") from exc
             except Exception as exc:
                 raise RuntimeError(f"piecewise CUDA graph capture failed ({exc!r}); start with "
                                    "enable_piecewise_graphs=False to run these steps eagerly") from exc
@@ -239,3 +241,13 @@ class ModelRunner:
             drafts.append(self.model.compute_logits(last).argmax(dim=-1))
             positions = [p + 1 for p in positions]
         return torch.stack(drafts, dim=1)
+
+
+def cuda_memory_note(device: torch.device) -> str:
+    """The device's memory in one line (GiB): free of total, and what torch's allocator holds
+    (allocated, reserved)."""
+    gib = 1 << 30
+    free, total = torch.cuda.mem_get_info(device)
+    stats = torch.cuda.memory_stats(device)
+    return (f"free {free / gib:.2f} of {total / gib:.2f} GiB, allocated {stats.get('allocated_bytes.all.current', 0) / gib:.2f}, "
+            f"reserved {stats.get('reserved_bytes.all.current', 0) / gib:.2f}")

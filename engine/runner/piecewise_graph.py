@@ -15,6 +15,9 @@ next graph. A
 size's capture is graph_0, op_0, graph_1, op_1, ..., graph_n; graph_n ends with the final
 hidden states [T_pad, H].
 
+A size whose capture runs out of memory (the KV and state pools were sized first) is
+skipped with a warning: steps of that many tokens run eagerly, smaller sizes keep graphs.
+
 Replay (a step of T <= T_pad tokens): the step's batch gets one padding row of T_pad - T
 tokens (request row 0, appended last, so the step's rows keep their indices, checkpoints and
 sampled rows); its input ids and positions are copied into the static buffers; then graph_0,
@@ -29,12 +32,16 @@ anything else outside the graph pool stay referenced as they are.
 from __future__ import annotations
 
 import contextlib
+import gc
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from ...models.forward_batch import ForwardBatch
 from ...models.layers import ops
+
+logger = logging.getLogger(__name__)
 
 # Padded token counts with a piecewise graph: a step of T tokens replays the smallest >= T.
 PIECEWISE_SIZES = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
@@ -116,6 +123,7 @@ class PiecewiseGraphs:
         self.positions = torch.zeros(self.sizes[-1], dtype=torch.int64, device=self.device)
         self._marker = torch.zeros(1, device=self.device)  # one kernel in every graph (none is empty)
         self.pieces: dict[int, Pieces] = {}
+        self.skipped_sizes: list[int] = []  # sizes whose capture ran out of memory (their steps: eager)
         self.num_steps = 0  # steps replayed (the rest of the multi-token steps ran eagerly)
 
     def padded_size(self, num_tokens: int) -> int | None:
@@ -155,7 +163,23 @@ class PiecewiseGraphs:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
             for size in reversed(self.sizes):
-                self.pieces[size] = self._capture(size, pool, graph_class or torch.cuda.CUDAGraph)
+                try:
+                    self.pieces[size] = self._capture(size, pool, graph_class or torch.cuda.CUDAGraph)
+                except torch.OutOfMemoryError:
+                    # this size's activations do not fit beside the cache: its steps (and larger
+                    # ones) run eagerly; the smaller sizes still get graphs
+                    self.skipped_sizes.append(size)
+                    if cuda:
+                        gc.collect()
+                        torch.cuda.empty_cache()
+        if self.skipped_sizes:
+            self.sizes = sorted(self.pieces)
+            if not self.sizes:
+                raise torch.OutOfMemoryError(f"no piecewise graph size fits beside the cache (tried "
+                                             f"{sorted(self.skipped_sizes)} tokens)")
+            logger.warning("piecewise CUDA graphs: sizes %s (tokens) did not fit beside the cache and run eagerly; "
+                           "graphs up to %d tokens. A smaller gpu_memory_utilization leaves them room.",
+                           sorted(self.skipped_sizes), self.sizes[-1])
         if cuda:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)

@@ -97,3 +97,40 @@ def test_padded_and_recorded_steps_give_the_same_tokens(family, recorded, refere
     assert _greedy(model_dir, "padding") == plain
     if recorded:
         assert _greedy(model_dir, "recorded") == plain
+
+
+def test_a_size_out_of_memory_runs_eagerly_and_the_rest_keep_graphs(reference_models, caplog):
+    """A capture that runs out of memory (graphs beside a cache that took the card) skips that
+    size with a warning: its steps run eagerly, smaller sizes replay, tokens unchanged; when
+    no size fits, capture raises the OOM (the runner turns it into a start error naming the
+    remedies)."""
+    model_dir = reference_models("qwen3_5")[0]
+    plain = _greedy(model_dir, None)
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=4, max_num_batched_tokens=24, chunked_prefill_size=16,
+              max_model_len=96, state_checkpoint_interval=16)
+    pw = llm.engine.runner.use_piecewise_graphs(24)
+    capture_one = pw._capture
+
+    def capture_until_16(size, pool, graph_class):
+        if size > 16:
+            raise torch.OutOfMemoryError(f"no room for {size} tokens")
+        return capture_one(size, pool, graph_class)
+
+    pw._capture = capture_until_16
+    with caplog.at_level("WARNING"):
+        pw.capture(graph_class=RecordedGraph)
+    assert pw.sizes == [16] and pw.skipped_sizes == [24] and list(pw.pieces) == [16]
+    assert "[24]" in caplog.text and "up to 16 tokens" in caplog.text
+    assert pw.padded_size(16) == 16 and pw.padded_size(17) is None  # 17..24 tokens: eager
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in (5, 37, 12, 21)]
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (9, 4, 7, 5)]
+    outs = llm.generate(prompts, params)
+    llm.engine.cache.check_empty()
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    assert pw.num_steps > 0  # the 16-token graphs replayed
+
+    none_fit = llm.engine.runner.use_piecewise_graphs(24)
+    none_fit._capture = lambda size, pool, graph_class: (_ for _ in ()).throw(torch.OutOfMemoryError("full"))
+    with pytest.raises(torch.OutOfMemoryError, match=r"\[16, 24\]"):
+        none_fit.capture(graph_class=RecordedGraph)
