@@ -48,12 +48,16 @@ class CacheOps:
 
 
 def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool | None) -> None:
+    """Apply `ops` in order. The KV-table writes ("kv") are gathered and applied together at
+    the end (`RequestRowTable.set_kv_slots_many`: one copy and one scatter for the step): no
+    other op reads the KV table, and writes to the same positions keep their order."""
+    kv_writes = []
     for op in ops.ops:
         kind = op[0]
         if kind == "row":
             table.set_state_slot(op[1], op[2])
         elif kind == "kv":
-            table.set_kv_slots(op[1], op[2], op[3])
+            kv_writes.append((op[1], op[2], op[3]))
         elif kind == "reset":
             if state_pool is not None:
                 state_pool.reset(op[1])
@@ -62,7 +66,13 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
                 state_pool.copy(op[1], op[2])
         elif kind == "commit":
             if state_pool is not None and op[1]:
-                values = to_device(op[1] + op[2], torch.int64, state_pool.conv_states.device)
-                state_pool.commit_verified(state_slots=values[: len(op[1])], accepted_steps=values[len(op[1]):])
+                rows = len(op[1])
+                dst, src = state_pool.tag_moves_of(op[1], op[2])
+                moved = len(dst)
+                values = to_device(op[1] + op[2] + dst + src, torch.int64, state_pool.conv_states.device)  # one copy
+                state_pool.commit_verified(state_slots=values[:rows], accepted_steps=values[rows : 2 * rows],
+                                           tag_moves=(values[2 * rows : 2 * rows + moved], values[2 * rows + moved :]))
         else:
             raise ValueError(f"unknown cache op {op!r}")
+    if kv_writes:
+        table.set_kv_slots_many(kv_writes)

@@ -34,3 +34,42 @@ class RequestRowTable:
         if end > self.max_context:
             raise ValueError(f"positions up to {end} exceed max_context {self.max_context}")
         self.req_to_token[req_row, start_pos:end] = kv_slots
+
+    def set_kv_slots_many(self, writes: list[tuple[int, int, list[int]]]) -> None:
+        """Several `set_kv_slots` (req_row, start_pos, kv_slots as a host list) in one copy to
+        the device and one scatter, instead of two launches each: a step's new pages, one
+        write per request that crossed a page boundary (decode, verify) or was admitted.
+        Writes that overlap within a row are applied one by one, in order (the last wins)."""
+        if len(writes) < 2 or _overlapping(writes):
+            for req_row, start_pos, kv_slots in writes:
+                self.set_kv_slots(req_row, start_pos, kv_slots)
+            return
+        rows: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        for req_row, start_pos, kv_slots in writes:
+            end = start_pos + len(kv_slots)
+            if not 0 <= req_row <= self.num_rows:
+                raise ValueError(f"request row {req_row} out of range 0..{self.num_rows}")
+            if start_pos < 0 or end > self.max_context:
+                raise ValueError(f"positions {start_pos}..{end} of row {req_row} outside 0..{self.max_context}")
+            rows += [req_row] * len(kv_slots)
+            positions += range(start_pos, end)
+            slots += kv_slots
+        n = len(slots)
+        if n == 0:
+            return
+        flat = to_device(rows + positions + slots, torch.int64, self.req_to_token.device)  # [3n]
+        self.req_to_token.index_put_((flat[:n], flat[n : 2 * n]), flat[2 * n :].to(torch.int32))
+
+
+def _overlapping(writes: list[tuple[int, int, list[int]]]) -> bool:
+    """Whether two writes cover a common position of one row."""
+    by_row: dict[int, list[tuple[int, int]]] = {}
+    for req_row, start_pos, kv_slots in writes:
+        by_row.setdefault(req_row, []).append((start_pos, start_pos + len(kv_slots)))
+    for ranges in by_row.values():
+        ranges.sort()
+        if any(b[0] < a[1] for a, b in zip(ranges, ranges[1:])):
+            return True
+    return False

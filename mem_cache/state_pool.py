@@ -96,12 +96,16 @@ class StatePool:
         return states[:, self.num_slots + 1:].view(states.shape[0], self.scratch_rows, self.scratch_steps,
                                                    *states.shape[2:])
 
-    def commit_verified(self, *, state_slots: torch.Tensor, accepted_steps: torch.Tensor) -> None:
+    def commit_verified(self, *, state_slots: torch.Tensor, accepted_steps: torch.Tensor,
+                        tag_moves: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """After a verify step, in every state layer (conv windows and SSM states) and with the
         layout tag: `state_slots[v] <- scratch[v, accepted_steps[v]]` for each verify row v.
         state_slots, accepted_steps: [V] int64 on the pool's device, V <= scratch_rows; a row
         with state_slots[v] <= 0 (finished / aborted) or accepted_steps[v] outside
-        [0, scratch_steps) (all drafts accepted: the in-place state is right) is skipped."""
+        [0, scratch_steps) (all drafts accepted: the in-place state is right) is skipped.
+        tag_moves: (dst slots, src scratch slots) of the rows not skipped, when the caller knows
+        them on the host (`tag_moves_of`): the tags then move with one gather and one scatter
+        instead of the mask built here on the device."""
         if state_slots.shape != accepted_steps.shape or state_slots.dim() != 1:
             raise ValueError(f"state_slots {tuple(state_slots.shape)} and accepted_steps "
                              f"{tuple(accepted_steps.shape)} must be equal 1-d shapes")
@@ -113,12 +117,27 @@ class StatePool:
         for states in (self.conv_states, self.ssm_states):
             if states is not None and states[0, 0].numel():
                 commit(states[:, : self.num_slots + 1], self._scratch_view(states), state_slots, accepted_steps)
+        if tag_moves is not None:
+            dst, src = tag_moves
+            if dst.numel():
+                self.layout_tag[dst] = self.layout_tag[src]
+            return
         # the tag moves with the state; skipped rows copy slot 0's tag onto itself (no host sync)
         rows = torch.arange(state_slots.shape[0], device=state_slots.device)
         valid = (state_slots > 0) & (state_slots <= self.num_slots) & (accepted_steps >= 0) \
             & (accepted_steps < self.scratch_steps)
         src = torch.where(valid, self.num_slots + 1 + rows * self.scratch_steps + accepted_steps, 0)
         self.layout_tag[torch.where(valid, state_slots, 0)] = self.layout_tag[src]
+
+    def tag_moves_of(self, state_slots: list[int], accepted_steps: list[int]) -> tuple[list[int], list[int]]:
+        """The (dst slots, src scratch slots) whose layout tags a `commit_verified` of these host
+        values moves: the rows it does not skip."""
+        dst, src = [], []
+        for row, (slot, step) in enumerate(zip(state_slots, accepted_steps)):
+            if 0 < slot <= self.num_slots and 0 <= step < self.scratch_steps:
+                dst.append(slot)
+                src.append(self.num_slots + 1 + row * self.scratch_steps + step)
+        return dst, src
 
     def _check(self, state_slot: int, allow_scratch: bool = False) -> None:
         last = self.num_slots + (self.scratch_rows * self.scratch_steps if allow_scratch else 0)

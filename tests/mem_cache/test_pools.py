@@ -59,6 +59,35 @@ def test_cache_ops_apply_in_issue_order():
     assert int(table.row_state_slot[2]) == 1 and table.req_to_token[2, 4:6].tolist() == [40, 41]
 
 
+def test_kv_writes_of_a_step_go_together_and_equal_one_by_one():
+    """apply_cache_ops gathers a step's KV-table writes into one copy and one scatter; the
+    table ends as with each write applied in turn (overlapping writes in a row: in order,
+    the last wins), and a write outside the table is a ValueError naming it."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        writes = []
+        for _ in range(int(torch.randint(2, 9, (1,), generator=gen))):
+            row = int(torch.randint(1, 5, (1,), generator=gen))
+            start = int(torch.randint(0, 40, (1,), generator=gen))
+            n = int(torch.randint(0, 24, (1,), generator=gen))
+            writes.append((row, start, torch.randint(0, 1000, (n,), generator=gen).tolist()))
+        one_by_one, together = RequestRowTable(4, 64, "cpu"), RequestRowTable(4, 64, "cpu")
+        for row, start, slots in writes:
+            one_by_one.set_kv_slots(row, start, slots)
+        ops = CacheOps()
+        for row, start, slots in writes:
+            ops.set_kv(row, start, slots)
+            ops.set_row(row, row)  # other ops in between do not touch the KV table
+        apply_cache_ops(ops, together, None)
+        assert torch.equal(together.req_to_token, one_by_one.req_to_token), (trial, writes)
+        assert together.row_state_slot[1:].tolist() == [r if any(w[0] == r for w in writes) else 0 for r in range(1, 5)]
+    table = RequestRowTable(4, 64, "cpu")
+    with pytest.raises(ValueError, match="positions 60..68 of row 2"):
+        table.set_kv_slots_many([(1, 0, [1, 2]), (2, 60, list(range(8)))])
+    with pytest.raises(ValueError, match="request row 9"):
+        table.set_kv_slots_many([(1, 0, [1, 2]), (9, 0, [3])])
+
+
 def test_manager_allocates_lazily_and_releases_everything():
     cache = CacheManager(num_pages=9, page_size=4, num_state_slots=3, num_rows=3, max_context=32,
                          enable_prefix_cache=False)
