@@ -117,6 +117,10 @@ for s, tag in runs:
             row["http_ttft_median_ms"] = (lv["ttft_ms"] or {}).get("median")
             row["http_tpot_median_ms"] = (lv["tpot_ms"] or {}).get("median")
             row["http_tokens_per_chunk"] = lv["tokens_per_chunk"]
+            if "replica_ttft_mean_ms" in lv:  # the client's TTFT split: in the engine replica / before it
+                row["replica_ttft_mean_ms"] = lv["replica_ttft_mean_ms"]
+                row["replica_queue_mean_ms"] = lv.get("replica_queue_mean_ms")
+                row["before_replica_ttft_ms"] = (lv["ttft_ms"] or {}).get("mean", 0) - lv["replica_ttft_mean_ms"]
             row["startup_to_health_s"] = d.get("startup_to_health_s")
     if "offline_output_tok_s" in row and "http_output_tok_s" in row:
         row["http_over_offline"] = row["http_output_tok_s"] / row["offline_output_tok_s"]
