@@ -96,7 +96,8 @@ def model_args(args) -> dict:
     return out
 
 
-def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = None, model: dict | None = None):
+def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = None, model: dict | None = None,
+         system_tokens: int = 1024):
     """The app for `router`; "NAME@K": the same with K ingress replicas (each with its own
     request router); "prefix_unshared": ours with a per-router index instead of the Router actor's;
     `trace_path`: ours (1 ingress replica, shared index) writes its decisions there."""
@@ -131,7 +132,7 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = 
 
         server = app._bound_deployment.init_args[1]
         config = server._bound_deployment._deployment_config.request_router_config
-        extra = {"shared_index": False} if unshared else {"trace_path": trace_path} if traced else {}
+        extra = {"shared_index": False} if unshared else {"trace_path": trace_path, "key_at": system_tokens} if traced else {}
         if weight:
             extra["saved_weight"] = float(weight)
         server._bound_deployment = server._bound_deployment.options(request_router_config=RequestRouterConfig(
@@ -260,7 +261,7 @@ def run_serve(args) -> dict:
                                        user_tokens=args.user_tokens, output_tokens=args.reply_tokens)
             for router in args.routers:
                 trace_path = f"/tmp/router_trace_{router}_seed{seed}_{os.getpid()}.jsonl" if args.trace else None
-                app = _app(router, args.replicas, cache_bytes, trace_path, model)
+                app = _app(router, args.replicas, cache_bytes, trace_path, model, args.system_tokens)
                 if app is None:
                     skipped[router] = "Ray's PrefixCacheAffinityRouter does not import here"
                     continue
@@ -294,11 +295,11 @@ def run_serve(args) -> dict:
                        "later_turn_ttft_p50_s": round(statistics.median(
                            [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
                 row["failed_requests"] = len(failures)
-                row["hits_vs_best_case"] = hit_accounting(results, conversations)
+                row["hits_vs_best_case"] = hit_accounting(results, conversations, args.system_tokens)
                 if reasons:
                     row["decision_reasons"] = reasons
                 if trace_path and os.path.exists(trace_path):
-                    row["affinity"] = affinity(trace_path, results, conversations)
+                    row["affinity"] = affinity(trace_path, results, conversations, args.system_tokens)
                 if killer:
                     row["router_actor_killed"] = _recovery(results, started, killer)
                 rows.setdefault(router, []).append({"seed": seed, **row})

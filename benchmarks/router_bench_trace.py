@@ -22,20 +22,22 @@ from collections import Counter
 
 from ..deploy.request_router import HybridRequestRouter
 
-KEY_AT = 1024  # the workload's system prompt length: the user's first message starts here
+KEY_AT = 1024  # the workload's default system prompt length: the user's first message starts here
 
 
-def conversation_key(ids) -> int:
-    """The same for every turn of one conversation (its first user message's first tokens)."""
-    return hash(tuple(ids[KEY_AT:KEY_AT + 16]))
+def conversation_key(ids, key_at: int = KEY_AT) -> int:
+    """The same for every turn of one conversation (its first user message's first tokens;
+    key_at: the system prompt's length)."""
+    return hash(tuple(ids[key_at:key_at + 16]))
 
 
 class TracedHybridRequestRouter(HybridRequestRouter):
     """Ours, writing each decision to `trace_path` (JSON lines). Bench only: a file write per
     decision."""
 
-    def initialize_state(self, trace_path: str = "", **kwargs) -> None:
+    def initialize_state(self, trace_path: str = "", key_at: int = KEY_AT, **kwargs) -> None:
         super().initialize_state(**kwargs)
+        self.key_at = key_at
         self.trace = open(trace_path, "a", buffering=1)  # noqa: SIM115 - open for the router's life
 
     def place(self, request, replicas):
@@ -44,7 +46,7 @@ class TracedHybridRequestRouter(HybridRequestRouter):
             saved = self.index.match(request.prompt_token_ids)
         ids = request.prompt_token_ids
         self.trace.write(json.dumps({
-            "kind": "place", "t": time.time(), "key": conversation_key(ids), "len": len(ids),
+            "kind": "place", "t": time.time(), "key": conversation_key(ids, self.key_at), "len": len(ids),
             "reason": placement.reason, "chosen": placement.replica_id, "predicted": placement.predicted_hit_tokens,
             "replicas": {r.replica_id: {"saved": saved.get(r.replica_id, 0), "running": r.num_running,
                                         "waiting": r.num_waiting, "waiting_tokens": r.num_waiting_tokens,
@@ -56,22 +58,22 @@ class TracedHybridRequestRouter(HybridRequestRouter):
         request = self._routing_request(pending_request)
         if request is not None:
             ids = request.prompt_token_ids
-            self.trace.write(json.dumps({"kind": "routed", "t": time.time(), "key": conversation_key(ids),
+            self.trace.write(json.dumps({"kind": "routed", "t": time.time(), "key": conversation_key(ids, self.key_at),
                                          "len": len(ids), "replica": replica_id.unique_id}) + "\n")
 
 
-def best_case_tokens(prompts: list[list[int]], turn: int, page_size: int = 16) -> int:
+def best_case_tokens(prompts: list[list[int]], turn: int, page_size: int = 16, system_tokens: int = KEY_AT) -> int:
     if turn == 0:
-        return KEY_AT
+        return system_tokens // page_size * page_size
     return (len(prompts[turn - 1]) - 1) // page_size * page_size
 
 
-def hit_accounting(results: list[dict], conversations) -> dict:
+def hit_accounting(results: list[dict], conversations, system_tokens: int = KEY_AT) -> dict:
     """Hit tokens against the best case, first turns and later turns apart."""
     out = {}
     for label, turns in (("first_turns", lambda t: t == 0), ("later_turns", lambda t: t > 0)):
         rows = [r for r in results if r["status"] == 200 and turns(r["turn"])]
-        bests = [best_case_tokens(conversations[r["user"]], r["turn"]) for r in rows]
+        bests = [best_case_tokens(conversations[r["user"]], r["turn"], system_tokens=system_tokens) for r in rows]
         hit = sum(r["cached_tokens"] for r in rows)
         out[label] = {"requests": len(rows), "best_case_tokens": sum(bests), "hit_tokens": hit,
                       "lost_tokens": sum(bests) - hit,
@@ -79,11 +81,11 @@ def hit_accounting(results: list[dict], conversations) -> dict:
     return out
 
 
-def affinity(trace_path: str, results: list[dict], conversations) -> dict:
+def affinity(trace_path: str, results: list[dict], conversations, system_tokens: int = KEY_AT) -> dict:
     """For each later turn of the traced run: stayed on its previous turn's replica, or moved
     (by the decision's reason, and whether the previous replica was predicted to hold more);
     hit tokens lost against the best case in each group; the workload's requests per replica."""
-    users = {conversation_key(c[0]): u for u, c in enumerate(conversations)}
+    users = {conversation_key(c[0], system_tokens): u for u, c in enumerate(conversations)}
     turn_of = [{len(p): t for t, p in enumerate(c)} for c in conversations]
     decisions, routed = {}, {}
     with open(trace_path) as f:
@@ -114,7 +116,7 @@ def affinity(trace_path: str, results: list[dict], conversations) -> dict:
                      f"{'previous predicted more' if prev_saved > chosen_saved else 'previous not predicted more'}"
                      f"{'' if d is None or d['chosen'] == replica else ':Serve sent it past the choice'}")
         c = groups.setdefault(group, Counter())
-        best = best_case_tokens(conversations[u], t)
+        best = best_case_tokens(conversations[u], t, system_tokens=system_tokens)
         c["requests"] += 1
         c["lost_tokens"] += best - hits[(u, t)]
     per_replica = Counter(routed.values())
