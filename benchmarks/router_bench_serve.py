@@ -96,11 +96,11 @@ def model_args(args) -> dict:
     return out
 
 
-def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = None, model: dict | None = None,
-         system_tokens: int = 1024):
+def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, model: dict, system_tokens: int):
     """The app for `router`; "NAME@K": the same with K ingress replicas (each with its own
     request router); "prefix_unshared": ours with a per-router index instead of the Router actor's;
-    `trace_path`: ours (1 ingress replica, shared index) writes its decisions there."""
+    `trace_path`: ours (1 ingress replica, shared index) writes its decisions there; `model`:
+    `model_args(...)`; `system_tokens`: the workload's system prompt (the trace's keys)."""
     from ray.serve.config import RequestRouterConfig
 
     from ..deploy.app import build_app
@@ -110,7 +110,6 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None = 
     unshared = router == "prefix_unshared"
     router = "prefix" if unshared else router
     single = router == "single_replica"
-    model = model or {"engine_args": {"max_model_len": 2048, "max_num_seqs": 8}}
     args = {"replicas": 1 if single else replicas, "num_cpus_per_replica": 0.5, "torch_num_threads": 1,
             "router": "prefix" if router == "prefix" else "pow2", "router_stats_period_s": 0.5,
             "max_waiting_requests": 64, "max_waiting_tokens": 1 << 20, "max_queued_requests": 512,

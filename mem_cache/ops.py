@@ -13,9 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from ..device_io import to_device
 from .req_table import RequestRowTable
 from .state_pool import StatePool
 
@@ -66,12 +63,7 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
                 state_pool.copy(op[1], op[2])
         elif kind == "commit":
             if state_pool is not None and op[1]:
-                rows = len(op[1])
-                dst, src = state_pool.tag_moves_of(op[1], op[2])
-                moved = len(dst)
-                values = to_device(op[1] + op[2] + dst + src, torch.int64, state_pool.conv_states.device)  # one copy
-                state_pool.commit_verified(state_slots=values[:rows], accepted_steps=values[rows : 2 * rows],
-                                           tag_moves=(values[2 * rows : 2 * rows + moved], values[2 * rows + moved :]))
+                state_pool.commit_verified(state_slots=op[1], accepted_steps=op[2])
         else:
             raise ValueError(f"unknown cache op {op!r}")
     if kv_writes:

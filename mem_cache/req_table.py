@@ -44,22 +44,23 @@ class RequestRowTable:
             for req_row, start_pos, kv_slots in writes:
                 self.set_kv_slots(req_row, start_pos, kv_slots)
             return
-        rows: list[int] = []
+        req_rows: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        all_kv_slots: list[int] = []
         for req_row, start_pos, kv_slots in writes:
             end = start_pos + len(kv_slots)
             if not 0 <= req_row <= self.num_rows:
                 raise ValueError(f"request row {req_row} out of range 0..{self.num_rows}")
             if start_pos < 0 or end > self.max_context:
                 raise ValueError(f"positions {start_pos}..{end} of row {req_row} outside 0..{self.max_context}")
-            rows += [req_row] * len(kv_slots)
+            req_rows += [req_row] * len(kv_slots)
             positions += range(start_pos, end)
-            slots += kv_slots
-        n = len(slots)
+            all_kv_slots += kv_slots
+        n = len(all_kv_slots)
         if n == 0:
             return
-        flat = to_device(rows + positions + slots, torch.int64, self.req_to_token.device)  # [3n]
+        # [3n]: request rows, positions, KV slots
+        flat = to_device(req_rows + positions + all_kv_slots, torch.int64, self.req_to_token.device)
         self.req_to_token.index_put_((flat[:n], flat[n : 2 * n]), flat[2 * n :].to(torch.int32))
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..device_io import to_device
 from ..kernels.state_ops import commit_verified_state, commit_verified_state_ref
 from ..kernels.switch import use_triton
 
@@ -96,38 +97,30 @@ class StatePool:
         return states[:, self.num_slots + 1:].view(states.shape[0], self.scratch_rows, self.scratch_steps,
                                                    *states.shape[2:])
 
-    def commit_verified(self, *, state_slots: torch.Tensor, accepted_steps: torch.Tensor,
-                        tag_moves: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int]) -> None:
         """After a verify step, in every state layer (conv windows and SSM states) and with the
-        layout tag: `state_slots[v] <- scratch[v, accepted_steps[v]]` for each verify row v.
-        state_slots, accepted_steps: [V] int64 on the pool's device, V <= scratch_rows; a row
-        with state_slots[v] <= 0 (finished / aborted) or accepted_steps[v] outside
-        [0, scratch_steps) (all drafts accepted: the in-place state is right) is skipped.
-        tag_moves: (dst slots, src scratch slots) of the rows not skipped, when the caller knows
-        them on the host (`tag_moves_of`): the tags then move with one gather and one scatter
-        instead of the mask built here on the device."""
-        if state_slots.shape != accepted_steps.shape or state_slots.dim() != 1:
-            raise ValueError(f"state_slots {tuple(state_slots.shape)} and accepted_steps "
-                             f"{tuple(accepted_steps.shape)} must be equal 1-d shapes")
-        if state_slots.shape[0] > self.scratch_rows:
-            raise ValueError(f"{state_slots.shape[0]} verify rows, the scratch has {self.scratch_rows}")
-        if state_slots.shape[0] == 0 or self.scratch_steps == 0:
+        layout tag: `state_slots[v] <- scratch[v, accepted_steps[v]]` for each verify row v
+        (host lists, V <= scratch_rows). A row with state_slots[v] <= 0 (finished / aborted) or
+        accepted_steps[v] outside [0, scratch_steps) (all drafts accepted: the in-place state is
+        right) is skipped. One copy to the device carries the values and the tags' moves."""
+        if len(state_slots) != len(accepted_steps):
+            raise ValueError(f"{len(state_slots)} state slots for {len(accepted_steps)} accepted steps")
+        rows = len(state_slots)
+        if rows > self.scratch_rows:
+            raise ValueError(f"{rows} verify rows, the scratch has {self.scratch_rows}")
+        if rows == 0 or self.scratch_steps == 0:
             return
+        dst, src = self.tag_moves_of(state_slots, accepted_steps)
+        values = to_device(list(state_slots) + list(accepted_steps) + dst + src, torch.int64,
+                           self.conv_states.device)
+        slots_d, steps_d = values[:rows], values[rows : 2 * rows]
         commit = commit_verified_state if use_triton(self.conv_states) else commit_verified_state_ref
         for states in (self.conv_states, self.ssm_states):
             if states is not None and states[0, 0].numel():
-                commit(states[:, : self.num_slots + 1], self._scratch_view(states), state_slots, accepted_steps)
-        if tag_moves is not None:
-            dst, src = tag_moves
-            if dst.numel():
-                self.layout_tag[dst] = self.layout_tag[src]
-            return
-        # the tag moves with the state; skipped rows copy slot 0's tag onto itself (no host sync)
-        rows = torch.arange(state_slots.shape[0], device=state_slots.device)
-        valid = (state_slots > 0) & (state_slots <= self.num_slots) & (accepted_steps >= 0) \
-            & (accepted_steps < self.scratch_steps)
-        src = torch.where(valid, self.num_slots + 1 + rows * self.scratch_steps + accepted_steps, 0)
-        self.layout_tag[torch.where(valid, state_slots, 0)] = self.layout_tag[src]
+                commit(states[:, : self.num_slots + 1], self._scratch_view(states), slots_d, steps_d)
+        if dst:  # the tag moves with the state
+            moved = values[2 * rows :]
+            self.layout_tag[moved[: len(dst)]] = self.layout_tag[moved[len(dst) :]]
 
     def tag_moves_of(self, state_slots: list[int], accepted_steps: list[int]) -> tuple[list[int], list[int]]:
         """The (dst slots, src scratch slots) whose layout tags a `commit_verified` of these host

@@ -137,15 +137,16 @@ def test_commit_verified_moves_every_layer_and_the_tag():
     want_tag = before[2].clone()
     want_tag[3] = before[2][scratch]
     assert torch.equal(pool.layout_tag, want_tag)
-    # the ops pass the tag moves computed on the host; without them the pool builds the same on the device
+    # the tags move by indices computed on the host: only the rows not skipped
     assert pool.tag_moves_of([3, -1, 2], [1, 0, -1]) == ([3], [scratch])
     again = StatePool(4, 3, spec, "cpu", scratch_rows=3, scratch_steps=2)
     again.layout_tag.copy_(before[2])
-    again.commit_verified(state_slots=torch.tensor([3, -1, 2]), accepted_steps=torch.tensor([1, 0, -1]))
+    again.commit_verified(state_slots=[3, -1, 2], accepted_steps=[1, 0, -1])
     assert torch.equal(again.layout_tag, want_tag)
     with pytest.raises(ValueError, match="4 verify rows, the scratch has 3"):
-        pool.commit_verified(state_slots=torch.ones(4, dtype=torch.int64),
-                             accepted_steps=torch.zeros(4, dtype=torch.int64))
+        pool.commit_verified(state_slots=[1] * 4, accepted_steps=[0] * 4)
+    with pytest.raises(ValueError, match="2 state slots for 3 accepted steps"):
+        pool.commit_verified(state_slots=[1, 2], accepted_steps=[0, 0, 0])
 
 
 def test_scratch_comes_out_of_the_cache_budget():
