@@ -22,13 +22,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import logging
 import os
 import random
 import socket
 import statistics
 import time
+import urllib.request
 from collections import Counter
+
+import aiohttp  # (Ray Serve's own dependency: on every machine that runs this)
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
@@ -150,12 +152,13 @@ async def _user(client, url: str, user: int, prompts: list[list[int]], rng: rand
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         start, ttft, usage = time.perf_counter(), None, None
-        async with client.stream("POST", url, json=body, timeout=300) as resp:
-            if resp.status_code != 200:
-                out.append({"user": user, "turn": turn, "start_s": start, "status": resp.status_code, "ttft_s": None,
-                            "prompt_tokens": len(prompt), "cached_tokens": 0, "error": (await resp.aread())[:300]})
+        async with client.post(url, json=body, timeout=aiohttp.ClientTimeout(total=300)) as resp:
+            if resp.status != 200:
+                out.append({"user": user, "turn": turn, "start_s": start, "status": resp.status, "ttft_s": None,
+                            "prompt_tokens": len(prompt), "cached_tokens": 0, "error": (await resp.read())[:300]})
                 continue
-            async for line in resp.aiter_lines():
+            async for raw in resp.content:  # one server-sent-event line at a time
+                line = raw.decode().strip()
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 if ttft is None and '"text"' in line:
@@ -169,11 +172,9 @@ async def _user(client, url: str, user: int, prompts: list[list[int]], rng: rand
 
 
 async def _drive(url: str, conversations, seed: int, max_tokens: int = 4) -> list[dict]:
-    import httpx2 as httpx
-
     out: list[dict] = []
     rng = random.Random(seed)
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=len(conversations) + 8)) as client:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(conversations) + 8)) as client:
         await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out, max_tokens)
                                for u, c in enumerate(conversations)))
     return out
@@ -219,12 +220,50 @@ def _recovery(results: list[dict], started: float, killed: dict) -> dict:
 
 def _decision_reasons(base: str) -> Counter:
     """Our router's decisions by reason so far (the app's /metrics; zero for other routers)."""
-    import httpx2 as httpx
-
     out: Counter = Counter()
-    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
         if line.startswith("hybrid_serve_router_decision_reasons_total{"):
             out[line.split('reason="', 1)[1].split('"', 1)[0]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+_REPLICA_SERIES = {"ttft": "hybrid_serve_time_to_first_token_seconds", "queue": "hybrid_serve_queue_time_seconds"}
+
+
+def _replica_sums(base: str) -> dict[str, dict[str, list[float]]]:
+    """{replica label: {"ttft"|"queue": [sum s, count]}} from the app's /metrics: the time each
+    request spent at its replica, so a run's client TTFT splits into routing + ingress (before
+    the replica) and the replica's own queue + prefill."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[str, dict[str, list[float]]] = {}
+    for line in text.splitlines():
+        for key, name in _REPLICA_SERIES.items():
+            for part, i in (("_sum{", 0), ("_count{", 1)):
+                if line.startswith(name + part) and 'replica="' in line:
+                    replica = line.split('replica="', 1)[1].split('"', 1)[0]
+                    out.setdefault(replica, {k: [0.0, 0.0] for k in _REPLICA_SERIES})[key][i] += \
+                        float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _replica_split(before: dict, after: dict) -> dict:
+    """Requests per replica and the replicas' mean TTFT / queue time (ms) between two scrapes."""
+    per, totals = {}, {k: [0.0, 0.0] for k in _REPLICA_SERIES}
+    for replica, series in after.items():
+        old = before.get(replica, {k: [0.0, 0.0] for k in _REPLICA_SERIES})
+        delta = {k: [series[k][0] - old[k][0], series[k][1] - old[k][1]] for k in _REPLICA_SERIES}
+        if delta["ttft"][1] > 0:
+            per[replica] = int(delta["ttft"][1])
+        for k in _REPLICA_SERIES:
+            totals[k][0] += delta[k][0]
+            totals[k][1] += delta[k][1]
+    out = {"requests_per_replica": sorted(per.values(), reverse=True)}
+    for k, (total, count) in totals.items():
+        if count:
+            out[f"replica_{k}_mean_ms"] = round(1e3 * total / count, 2)
     return out
 
 
@@ -243,11 +282,9 @@ def _free_port() -> int:
 
 
 def run_serve(args) -> dict:
-    import httpx2 as httpx
     import ray
     from ray import serve
 
-    logging.getLogger("httpx2").setLevel(logging.WARNING)  # (a line per request otherwise)
     ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -269,20 +306,23 @@ def run_serve(args) -> dict:
                 base = f"http://127.0.0.1:{port}/{name}"
                 for _ in range(1200):
                     try:
-                        if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                            break
+                        with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                            if resp.status == 200:
+                                break
                     except Exception:  # noqa: BLE001 - not up yet
                         pass
                     time.sleep(0.5)
                 warm = multi_turn(2 * args.replicas, 1, seed + 1000, system_tokens=256)  # first calls, unshared
                 asyncio.run(_drive(f"{base}/v1/completions", warm, seed))
-                reasons_before = _decision_reasons(base)
+                time.sleep(2.0)  # (the replicas' metrics push: the warm-up stays out of the split below)
+                reasons_before, replicas_before = _decision_reasons(base), _replica_sums(base)
                 started = time.perf_counter()
                 killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
                 results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed, args.max_tokens))
                 wall = time.perf_counter() - started
                 time.sleep(2.0)  # the ingress's metrics push
                 reasons = {k: int(v) for k, v in (_decision_reasons(base) - reasons_before).items()}
+                split = _replica_split(replicas_before, _replica_sums(base))
                 serve.delete(name)
                 failures = [r for r in results if r["status"] != 200]
                 assert not failures or killer, failures[:3]
@@ -294,6 +334,7 @@ def run_serve(args) -> dict:
                        "later_turn_ttft_p50_s": round(statistics.median(
                            [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
                 row["failed_requests"] = len(failures)
+                row.update(split)
                 row["hits_vs_best_case"] = hit_accounting(results, conversations, args.system_tokens)
                 if reasons:
                     row["decision_reasons"] = reasons

@@ -19,11 +19,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from family_gpu_check import gpu_dummy_checkpoint  # noqa: E402
 from model_configs import write_model_dir  # noqa: E402
 
 from hybrid_serve import SamplingParams  # noqa: E402
-from hybrid_serve.models import loader  # noqa: E402
 
 
 def step_times(engine, prompts, tokens: int) -> tuple[list[float], list[float]]:
@@ -86,7 +84,6 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--cprofile", action="store_true", help="only: the host (Python) profile of eager steps")
     args = ap.parse_args()
-    loader.dummy_checkpoint = gpu_dummy_checkpoint
     from hybrid_serve import LLM
 
     model_dir = write_model_dir("qwen3_5_2p3b", tempfile.mkdtemp())

@@ -14,9 +14,11 @@ Contracts:
     may be freed; `unlock` when the request is done with them.
   * A node split never splits a state: the checkpoint stays with the lower half (it is the
     state at the end of the original edge).
-  * Eviction is LRU, KV leaves and checkpoints separately; KV never from a locked node,
-    checkpoints from unlocked nodes first, then from running requests' paths (they never
-    read them); only the nodes actually used by a match are refreshed.
+  * Eviction is LRU, KV leaves and checkpoints separately; KV never from a locked node.
+    Checkpoints go first where a deeper one on the same unbranched chain makes them
+    redundant for every request but one diverging in between, then from unlocked nodes,
+    then from running requests' paths (they never read them); only the nodes actually used
+    by a match are refreshed.
 """
 from __future__ import annotations
 
@@ -243,12 +245,28 @@ class RadixCache:
                 leaves.append(parent)
         return freed_pages, freed_slots
 
+    @staticmethod
+    def _dominated(node: RadixNode) -> bool:
+        """Whether a deeper checkpoint sits below `node` with no branch in between: any
+        request that matches past `node` reaches that one too, so `node`'s checkpoint serves
+        only a request that diverges inside the chain between them (the interval checkpoints
+        a long prompt leaves behind)."""
+        while len(node.children) == 1:
+            node = next(iter(node.children.values()))
+            if node.state_slot is not None:
+                return True
+        return False
+
     def evict_state(self, num_slots: int, keep: RadixNode | None = None) -> list[int]:
-        """Drop checkpoints, least recently used first: those of unlocked nodes, then those on
-        running requests' paths (a lock protects a node's KV, which a running request reads;
-        its checkpoint it never reads: the request computes from its own state slot). KV
-        stays. `keep`: a node whose checkpoint must stay (one an admission is about to copy)."""
-        order = lambda n: (n.lock_ref > 0, n.last_access)  # noqa: E731
+        """Drop checkpoints: first those a deeper checkpoint on the same unbranched chain
+        dominates (`_dominated`), then those of unlocked nodes, then those on running
+        requests' paths (a lock protects a node's KV, which a running request reads; its
+        checkpoint it never reads: the request computes from its own state slot); least
+        recently used first within each. Without the first rule, the interval checkpoints
+        of each new long prompt push out every conversation's last checkpoint (the one its
+        next turn resumes from) and the branch points of shared prefixes. KV stays. `keep`:
+        a node whose checkpoint must stay (one an admission is about to copy)."""
+        order = lambda n: (not self._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
         candidates = [n for n in self._holders if n is not keep]
         if num_slots == 1:  # the common call (one slot for an admission or a checkpoint): no sort
             victims = [min(candidates, key=order)] if candidates else []

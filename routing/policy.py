@@ -220,6 +220,21 @@ class PrefixAwarePolicy:
                         num_waiting_tokens=r.num_waiting_tokens + extra[r.replica_id].tokens)
                 if r.replica_id in extra else r for r in replicas]
 
+    def _least_filled(self, tied: list[str]) -> str:
+        """Of replicas scoring the same, the one whose cache the index predicts least full
+        (ties at random). New conversations over a shared prefix every replica holds score
+        the same on lightly loaded replicas; drawn at random they pile up unevenly (32 over 4:
+        up to 11 on one), and a replica holding more conversations than its state slots keep
+        evicts their histories (a hybrid replica's checkpoints are large: its slots, not its
+        KV, bound how many conversations it keeps). Spread by fill, each keeps its share."""
+        if len(tied) == 1:
+            return tied[0]
+        fill = getattr(self.index, "num_blocks_of", None)
+        if fill is not None:
+            least = min(fill(r) for r in tied)
+            tied = [r for r in tied if fill(r) == least]
+        return self._rng.choice(tied)
+
     def rank(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
         """The best replica for `request` (nothing recorded)."""
         if not replicas:
@@ -240,7 +255,7 @@ class PrefixAwarePolicy:
                        r.replica_id)
                       for r in replicas]
             top = max(score for score, _ in scores)
-            best = self._rng.choice([replica_id for score, replica_id in scores if score == top])
+            best = self._least_filled([replica_id for score, replica_id in scores if score == top])
             if not self._balanced(queue[best], least_queue):
                 loads = self._with_unreported(replicas, extra)
                 replica_id, reason = self.fallback.choose(request, loads).replica_id, "imbalance"

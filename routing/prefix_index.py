@@ -132,8 +132,19 @@ class BlockPrefixIndex:
         """`record_sent` from the prompt's `sent_hashes`."""
         blocks = self._replica(replica_id)
         last = len(hashes) - 1  # the prompt-end checkpoint: the last page boundary before its last token
+        # the replica computes from its reusable prefix on and takes checkpoints only there: the
+        # blocks before it keep the flags they have (an evicted interval checkpoint stays gone)
+        start = self._reusable_blocks(blocks, hashes) if self.hybrid else 0
         for i, h in enumerate(hashes):
-            blocks.touch(h, checkpoint=(i + 1) % self.blocks_per_interval == 0 or i == last)
+            blocks.touch(h, checkpoint=i >= start and ((i + 1) % self.blocks_per_interval == 0 or i == last))
+
+    @staticmethod
+    def _reusable_blocks(replica: "_ReplicaBlocks", hashes: Sequence[int]) -> int:
+        """Blocks of the prefix `hashes` predicted reusable on `replica` (ending at a checkpoint)."""
+        for i in range(len(hashes) - 1, -1, -1):
+            if replica.blocks.get(hashes[i]):
+                return i + 1
+        return 0
 
     def apply_event(self, replica_id: str, event: dict) -> None:
         kind = event.get("kind")
@@ -195,3 +206,8 @@ class BlockPrefixIndex:
 
     def num_blocks(self) -> int:
         return sum(len(r.blocks) for r in self.replicas.values())
+
+    def num_blocks_of(self, replica_id: str) -> int:
+        """Blocks predicted cached on `replica_id` (how much of the cache its placements fill)."""
+        replica = self.replicas.get(replica_id)
+        return len(replica.blocks) if replica is not None else 0

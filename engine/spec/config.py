@@ -31,8 +31,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 4  # ngram: longest suffix n-gram looked up (tried first)
     adaptive: bool = True  # pick K per request per step from measured acceptance (down to 0: off)
     disable_by_batch_size: int | None = None  # no speculation while more requests than this run
-    # verify rows per step (the state scratch is sized for them); default min(max_num_seqs, 32),
-    # fewer if their scratch would take more than 1/8 of the cache budget
+    # verify rows per step (the state scratch is sized for them); default the engine's
+    # max_num_seqs (every decoding request may verify; verify graphs stop at these rows), fewer
+    # if their scratch would take more than 1/8 of the cache budget
     max_num_seqs: int | None = None
     acceptance_rate: float = 0.8  # synthetic: probability that each drafted token is the true one
     continuations: dict = field(default_factory=dict, compare=False)  # synthetic: prompt ids tuple -> true tokens
@@ -79,4 +80,4 @@ class SpeculativeConfig:
 
     def verify_rows(self, max_num_seqs: int) -> int:
         """Rows of speculative scratch: verify rows one step may carry."""
-        return min(self.max_num_seqs or 32, max_num_seqs)
+        return min(self.max_num_seqs or max_num_seqs, max_num_seqs)

@@ -66,6 +66,14 @@ class AdaptiveDepth:
         self._requests: dict[str, _Acceptance] = {}
         self._rates: dict[int, _Rates] = {}
 
+    def cap_batch_size(self, batch_size: int) -> None:
+        """No speculation while more than `batch_size` requests run (on top of
+        `disable_by_batch_size`, which stays if lower): the engine's largest verify graph."""
+        if batch_size < 0:
+            raise ValueError(f"batch_size must be >= 0, got {batch_size}")
+        if self.disable_by_batch_size is None or batch_size < self.disable_by_batch_size:
+            self.disable_by_batch_size = batch_size
+
     @staticmethod
     def _bucket(batch_size: int) -> int:
         return max(batch_size, 1).bit_length()

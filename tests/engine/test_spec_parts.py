@@ -27,7 +27,7 @@ def test_config_keys_and_errors():
     with pytest.raises(ValueError, match="needs a 'method'"):
         SpeculativeConfig.from_value({"num_speculative_tokens": 2})
     options = cfg.pool_options(1024)
-    assert (options.spec_scratch_rows, options.spec_scratch_steps) == (32, 3)
+    assert (options.spec_scratch_rows, options.spec_scratch_steps) == (cfg.max_num_seqs, 3)
 
 
 @pytest.mark.parametrize("tokens, k, want", [
@@ -72,6 +72,13 @@ def test_adaptive_depth_follows_acceptance_and_batch():
     assert set(depth.depths(["good"] * 1, batch_size=512).values()) == {0}
     assert AdaptiveDepth(4, disable_by_batch_size=8).depths(["a"], 9) == {"a": 0}
     assert AdaptiveDepth(3, adaptive=False).depths(["a", "b"], 100) == {"a": 3, "b": 3}
+    capped = AdaptiveDepth(4, disable_by_batch_size=8, min_steps=0)
+    capped.cap_batch_size(16)  # a higher cap keeps the user's lower one
+    assert capped.disable_by_batch_size == 8
+    capped.cap_batch_size(4)  # the largest verify graph: no speculation above it
+    assert capped.depths(["a"], 5) == {"a": 0} and capped.depths(["a"], 4)["a"] > 0
+    with pytest.raises(ValueError, match="batch_size must be >= 0, got -1"):
+        capped.cap_batch_size(-1)
     assert AdaptiveDepth.expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 

@@ -36,6 +36,38 @@ def test_pure_attention_matches_any_node_and_lock_blocks_eviction():
     assert sorted(tree.evict_kv(10)[0]) == [5, 6]
 
 
+def _chain_has_deeper_checkpoint(node) -> bool:
+    """Written out for the test: walking down single-child edges from `node` reaches a checkpoint."""
+    while len(node.children) == 1:
+        (node,) = node.children.values()
+        if node.state_slot is not None:
+            return True
+    return False
+
+
+def test_a_long_prompts_interval_checkpoints_go_before_conversations_last_ones():
+    """Multi-turn chat under state-slot pressure: a new prompt's interval checkpoints (each
+    dominated by the next one on its chain) are evicted before another conversation's last
+    checkpoint (the one its next turn resumes from) and before the shared prefix's branch point,
+    even though those are older."""
+    tree = RadixCache(PS, needs_state=True)
+    system = [9, 9, 8, 8]
+    tree.insert(system + [1, 1], [1, 2, 3], state_slot=0)  # conversation A's turn: the branch point later
+    tree.insert(system, [1, 2], state_slot=1)  # the shared prefix's checkpoint (splits A's edge)
+    tree.insert(system + [1, 1, 1, 2], [1, 2, 3, 4], state_slot=2)  # A's last checkpoint
+    # conversation B's long prompt, with a checkpoint every page (the interval ones, then the last)
+    b = system + [2, 2, 2, 3, 2, 4]
+    for pages, slot in ((3, 3), (4, 4), (5, 5)):
+        tree.insert(b[: pages * PS], list(range(10, 10 + pages)), state_slot=slot)
+    # dominated: A's turn-1 checkpoint (0, by A's last: 2) and B's interval ones (3, 4); the
+    # shared prefix (1) is a branch point, 2 and 5 are the conversations' last checkpoints
+    assert sorted(tree.evict_state(3)) == [0, 3, 4]  # though 1 and 2 are older than 3 and 4
+    assert tree.match(b + [7], len(b) + 1).num_tokens == len(b)  # B resumes from its last one
+    assert tree.match(system + [1, 1, 1, 2, 7], 9).num_tokens == 8  # so does A
+    assert tree.match(system + [5, 5], 6).num_tokens == len(system)  # a new conversation: the shared prefix
+    tree.check_integrity()
+
+
 def _depth_tokens(node) -> int:
     """Tokens on the path from the root to `node`."""
     n = 0
@@ -101,18 +133,21 @@ class RadixMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 4), keep_one=st.booleans())
     def evict_state(self, n, keep_one):
-        """Checkpoints of unlocked nodes go first, then those on locked paths (a lock protects
-        KV, which running requests read; their checkpoints they never read); `keep` (the
-        checkpoint an admission is about to copy) never goes."""
+        """Checkpoints that a deeper one on the same unbranched chain dominates go first,
+        then those of unlocked nodes, then those on locked paths (a lock protects KV, which
+        running requests read; their checkpoints they never read); `keep` (the checkpoint an
+        admission is about to copy) never goes."""
         keep = self.locks[-1][0] if keep_one and self.locks else None
         kept_slot = keep.state_slot if keep is not None else None
-        unlocked = {x.state_slot for x in self.tree._nodes()
-                    if x.state_slot is not None and x.lock_ref == 0 and x is not keep}
+        rank = {x.state_slot: 0 if _chain_has_deeper_checkpoint(x) else 1 if x.lock_ref == 0 else 2
+                for x in self.tree._nodes() if x.state_slot is not None and x is not keep}
         slots = self.tree.evict_state(n, keep=keep)
         assert len(slots) == len(set(slots)) <= n
         assert kept_slot is None or kept_slot not in slots, "evicted the kept checkpoint"
-        if set(slots) - unlocked:
-            assert unlocked <= set(slots), "a checkpoint on a locked path went before an unlocked one"
+        if slots:
+            worst = max(rank[s] for s in slots)
+            assert all(s in slots for s, r in rank.items() if r < worst), \
+                "a checkpoint went before one of an earlier class (dominated, unlocked, locked)"
         self.slots.free(slots)
 
     @invariant()

@@ -91,6 +91,25 @@ def test_a_burst_between_load_reports_spreads_over_the_replicas():
     assert sorted(placed.values()) == [2, 2, 2, 2], placed
 
 
+def test_new_conversations_at_light_load_spread_by_cache_fill_not_at_random():
+    """Steady light load: each replica's report already covers what was placed there (no
+    unreported load), all hold the shared system prompt, none has a free state slot (their
+    caches are warm), so every new conversation scores the same everywhere. Drawn at random,
+    32 conversations over 4 replicas pile up unevenly; by predicted cache fill each replica
+    takes 8, which is what its state slots can keep."""
+    policy = _prefix_policy()
+    warm = [ReplicaStats(f"r{i}", num_running=1) for i in range(4)]
+    for r in warm:
+        policy.index.record_sent(r.replica_id, _conversation(0))
+    placed = Counter()
+    for i in range(32):
+        policy.unreported.clear()  # each placement is already in the replicas' reports
+        placement = policy.choose(RoutingRequest(_conversation(1 + i, turns=4)), warm)
+        assert placement.reason == "prefix" and placement.predicted_hit_tokens == 1024
+        placed[placement.replica_id] += 1
+    assert sorted(placed.values()) == [8, 8, 8, 8], placed
+
+
 def test_placements_count_as_load_until_a_changed_report_or_the_ttl():
     now = [0.0]
     policy = _prefix_policy(clock=lambda: now[0])

@@ -57,18 +57,38 @@ def test_events_make_the_index_forget_what_the_replica_forgot():
         index.apply_event("r0", {"kind": "exploded", "block_hashes": hashes})
 
 
-def test_the_index_agrees_with_the_engines_radix_cache_under_eviction():
+def _conversations(rng, users: int = 8, turns: int = 5) -> list[list[int]]:
+    """Multi-turn prompts over a shared system prompt, turns interleaved: each turn's prompt
+    extends that user's previous one (its interval checkpoints lie inside the next turn's match)."""
+    system = [rng.randrange(50) for _ in range(64)]
+    history = {u: list(system) for u in range(users)}
+    out = []
+    for _ in range(turns):
+        for u in rng.sample(range(users), users):
+            history[u] = history[u] + [rng.randrange(50) for _ in range(INTERVAL)]
+            out.append(list(history[u]))
+    return out
+
+
+@pytest.mark.parametrize("workload", ["random", "multi_turn"])
+def test_the_index_agrees_with_the_engines_radix_cache_under_eviction(workload):
     """Drive the real cache manager with evictions and feed its events to the index: the
-    predicted reusable prefix equals what the replica's cache then hits."""
+    predicted reusable prefix equals what the replica's cache then hits. Multi-turn: a later
+    turn must not predict again the interval checkpoints inside its history that the replica
+    evicted (it computes, and checkpoints, only past its match)."""
     from hybrid_serve.mem_cache import CacheManager
 
-    cache = CacheManager(num_pages=24, page_size=PS, num_state_slots=6, num_rows=2, max_context=64)
+    cache = CacheManager(num_pages=160, page_size=PS, num_state_slots=8, num_rows=2, max_context=192)
     assert cache.take_events() == []  # recording starts here
     index = BlockPrefixIndex(PS, INTERVAL, hybrid=True)
     rng = random.Random(0)
-    prompts = [[rng.randrange(50) for _ in range(rng.randrange(8, 40))] for _ in range(6)]
-    prompts += [p[:20] + [rng.randrange(50) for _ in range(10)] for p in prompts[:3]]
-    for prompt in prompts * 2:
+    if workload == "random":
+        prompts = [[rng.randrange(50) for _ in range(rng.randrange(8, 40))] for _ in range(6)]
+        prompts += [p[:20] + [rng.randrange(50) for _ in range(10)] for p in prompts[:3]]
+        prompts *= 2
+    else:
+        prompts = _conversations(rng)
+    for prompt in prompts:
         predicted = index.match(prompt).get("r0", 0)
         alloc = cache.admit(prompt, len(prompt))
         assert alloc.num_tree_pages * PS == predicted, (prompt, predicted)
