@@ -111,7 +111,7 @@ def predicted_hit_error(seed: int, hybrid_index: bool = True, page_size: int = 1
         prompt = conversations[u][t]
         for n in names:
             shared.report(n, rings[n].snapshot())
-        stats = [ReplicaStats(n, num_free_state_slots=caches[n].num_admittable_state_slots()) for n in names]
+        stats = [ReplicaStats(n, num_free_state_slots=caches[n].state_slots.num_free) for n in names]
         placement = policy.choose(RoutingRequest(prompt), stats)
         cache = caches[placement.replica_id]
         alloc = cache.admit(prompt, len(prompt))

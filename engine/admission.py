@@ -29,7 +29,7 @@ class LoadView:
     num_waiting: int  # sequences queued, not yet admitted (preempted ones included)
     num_waiting_tokens: int  # tokens those still have to compute
     num_free_req_rows: int
-    num_free_state_slots: int  # a new request could take now: free + held by prefix-cache checkpoints
+    num_free_state_slots: int  # free now (prefix-cache checkpoints could be evicted for more)
     num_free_kv_pages: int  # free now (cached prefixes could be evicted for more)
     max_num_seqs: int
 

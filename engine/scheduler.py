@@ -72,7 +72,7 @@ class Scheduler:
         cache = self.cache
         return LoadView(num_running=len(self.running), num_waiting=len(self.waiting),
                         num_waiting_tokens=sum(r.num_tokens_to_compute for r in self.waiting),
-                        num_free_req_rows=cache.rows.num_free, num_free_state_slots=cache.num_admittable_state_slots(),
+                        num_free_req_rows=cache.rows.num_free, num_free_state_slots=cache.state_slots.num_free,
                         num_free_kv_pages=cache.pages.num_free, max_num_seqs=self.admission.max_num_seqs)
 
     # ----- chunking ----------------------------------------------------------------------

@@ -134,12 +134,6 @@ class CacheManager:
         self._allocs[req_row] = alloc
         return alloc
 
-    def num_admittable_state_slots(self) -> int:
-        """State slots a new request could take now: the free ones and those the prefix cache's
-        checkpoints hold (`_alloc_state_slot` evicts one when none is free). A warm cache has no
-        free slot, yet admits as many requests as the slots its running requests leave."""
-        return self.state_slots.num_free + self.tree.num_state_slots
-
     def usable_prefix_len(self, token_ids: list[int], num_prompt_tokens: int) -> int:
         """Tokens `admit` would reuse now (a look: nothing locked or refreshed)."""
         if not self.enable_prefix_cache:

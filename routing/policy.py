@@ -111,9 +111,7 @@ class PrefixAwarePolicy:
     Every replica is scored, those where nothing matches too (saved 0): saved = the reusable
     prefix the index predicts there (ending at a state checkpoint on a hybrid model), cost =
     its waiting tokens + `running_cost_tokens` per running request, + `no_slot_cost_tokens`
-    without a state slot a new request could take (a hybrid replica's concurrency is capped
-    by them, not by KV; slots that prefix-cache checkpoints hold count as free, as the
-    engine's `LoadView` reports them: a new request evicts one),
+    without a free state slot (a hybrid replica's concurrency is capped by them, not by KV),
     + what this policy placed there since the replica's last load report (reports lag by up to
     the stats period: without this a burst goes wholly to the replica that looked best in the
     last one). A placement counts until the replica's next report (one whose load changed),

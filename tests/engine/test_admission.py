@@ -103,25 +103,3 @@ def test_the_engine_reports_its_view_and_the_scheduler_obeys_it():
     while engine.has_unfinished():
         engine.step()
     assert engine.load_view().num_running == 0 and engine.load_view().num_free_req_rows == 2
-
-
-def test_state_slots_held_by_checkpoints_count_as_free_for_a_new_request():
-    """A warm prefix cache holds checkpoints in most state slots, none of them free; a new
-    request still gets one (admission evicts a checkpoint), so the replica reports them as
-    slots a request could take: a router sees a full cache as no load, a replica whose running
-    requests hold every slot as saturated."""
-    from hybrid_serve import LLM, SamplingParams
-
-    engine = LLM(max_num_seqs=2, cache_memory_bytes=16 * 1024**2, max_model_len=512,
-                 enable_prefix_caching=True, state_checkpoint_interval=32).engine
-    cache, total = engine.cache, engine.cache.state_slots.num_free
-    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    for i in range(4):  # different prompts, a checkpoint every 32 tokens each
-        engine.add_request(f"r{i}", [3 + i] * 200, params)
-    while engine.has_unfinished():
-        engine.step()
-    assert cache.tree.num_state_slots > 0 and cache.state_slots.num_free < total  # checkpoints hold slots
-    assert engine.load_view().num_free_state_slots == total
-    engine.add_request("r9", [2] * 40, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
-    engine.step()  # running: its own slot is not one another request could take
-    assert engine.load_view().num_free_state_slots == total - 1
