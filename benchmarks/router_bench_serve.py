@@ -35,6 +35,7 @@ import aiohttp  # (Ray Serve's own dependency: on every machine that runs this)
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from .router_bench import _percentile, multi_turn
+from .serve_bench import SERVER_HISTOGRAMS
 from .router_bench_trace import affinity, hit_accounting
 
 
@@ -218,52 +219,51 @@ def _recovery(results: list[dict], started: float, killed: dict) -> dict:
     return out
 
 
-def _decision_reasons(base: str) -> Counter:
-    """Our router's decisions by reason so far (the app's /metrics; zero for other routers)."""
-    out: Counter = Counter()
+def _metrics_text(base: str) -> str:
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
-    for line in text.splitlines():
+        return resp.read().decode()
+
+
+def _decision_reasons(metrics: str) -> Counter:
+    """Our router's decisions by reason so far (from the app's /metrics text; zero for other routers)."""
+    out: Counter = Counter()
+    for line in metrics.splitlines():
         if line.startswith("hybrid_serve_router_decision_reasons_total{"):
             out[line.split('reason="', 1)[1].split('"', 1)[0]] += float(line.rsplit(" ", 1)[1])
     return out
 
 
-_REPLICA_SERIES = {"ttft": "hybrid_serve_time_to_first_token_seconds", "queue": "hybrid_serve_queue_time_seconds"}
-
-
-def _replica_sums(base: str) -> dict[str, dict[str, list[float]]]:
-    """{replica label: {"ttft"|"queue": [sum s, count]}} from the app's /metrics: the time each
-    request spent at its replica, so a run's client TTFT splits into routing + ingress (before
-    the replica) and the replica's own queue + prefill."""
-    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as resp:
-        text = resp.read().decode()
+def _replica_sums(metrics: str) -> dict[str, dict[str, list[float]]]:
+    """{replica label: {series key: [sum s, count]}} of serve_bench's SERVER_HISTOGRAMS (the
+    replicas' TTFT and queue time) in the app's /metrics text: the time each request spent at
+    its replica, so a run's client TTFT splits into routing + ingress (before the replica) and
+    the replica's own queue + prefill."""
     out: dict[str, dict[str, list[float]]] = {}
-    for line in text.splitlines():
-        for key, name in _REPLICA_SERIES.items():
+    for line in metrics.splitlines():
+        for key, name in SERVER_HISTOGRAMS.items():
             for part, i in (("_sum{", 0), ("_count{", 1)):
                 if line.startswith(name + part) and 'replica="' in line:
                     replica = line.split('replica="', 1)[1].split('"', 1)[0]
-                    out.setdefault(replica, {k: [0.0, 0.0] for k in _REPLICA_SERIES})[key][i] += \
+                    out.setdefault(replica, {k: [0.0, 0.0] for k in SERVER_HISTOGRAMS})[key][i] += \
                         float(line.rsplit(" ", 1)[1])
     return out
 
 
 def _replica_split(before: dict, after: dict) -> dict:
     """Requests per replica and the replicas' mean TTFT / queue time (ms) between two scrapes."""
-    per, totals = {}, {k: [0.0, 0.0] for k in _REPLICA_SERIES}
+    per, totals = {}, {k: [0.0, 0.0] for k in SERVER_HISTOGRAMS}
     for replica, series in after.items():
-        old = before.get(replica, {k: [0.0, 0.0] for k in _REPLICA_SERIES})
-        delta = {k: [series[k][0] - old[k][0], series[k][1] - old[k][1]] for k in _REPLICA_SERIES}
-        if delta["ttft"][1] > 0:
-            per[replica] = int(delta["ttft"][1])
-        for k in _REPLICA_SERIES:
+        old = before.get(replica, {k: [0.0, 0.0] for k in SERVER_HISTOGRAMS})
+        delta = {k: [series[k][0] - old[k][0], series[k][1] - old[k][1]] for k in SERVER_HISTOGRAMS}
+        if delta["replica_ttft"][1] > 0:
+            per[replica] = int(delta["replica_ttft"][1])
+        for k in SERVER_HISTOGRAMS:
             totals[k][0] += delta[k][0]
             totals[k][1] += delta[k][1]
     out = {"requests_per_replica": sorted(per.values(), reverse=True)}
     for k, (total, count) in totals.items():
         if count:
-            out[f"replica_{k}_mean_ms"] = round(1e3 * total / count, 2)
+            out[f"{k}_mean_ms"] = round(1e3 * total / count, 2)
     return out
 
 
@@ -315,14 +315,16 @@ def run_serve(args) -> dict:
                 warm = multi_turn(2 * args.replicas, 1, seed + 1000, system_tokens=256)  # first calls, unshared
                 asyncio.run(_drive(f"{base}/v1/completions", warm, seed))
                 time.sleep(2.0)  # (the replicas' metrics push: the warm-up stays out of the split below)
-                reasons_before, replicas_before = _decision_reasons(base), _replica_sums(base)
+                metrics = _metrics_text(base)
+                reasons_before, replicas_before = _decision_reasons(metrics), _replica_sums(metrics)
                 started = time.perf_counter()
                 killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
                 results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed, args.max_tokens))
                 wall = time.perf_counter() - started
                 time.sleep(2.0)  # the ingress's metrics push
-                reasons = {k: int(v) for k, v in (_decision_reasons(base) - reasons_before).items()}
-                split = _replica_split(replicas_before, _replica_sums(base))
+                metrics = _metrics_text(base)
+                reasons = {k: int(v) for k, v in (_decision_reasons(metrics) - reasons_before).items()}
+                split = _replica_split(replicas_before, _replica_sums(metrics))
                 serve.delete(name)
                 failures = [r for r in results if r["status"] != 200]
                 assert not failures or killer, failures[:3]

@@ -115,12 +115,8 @@ class LLMEngine:
             rows = self.pool_setup.scratch_rows if layout.num_state_layers else \
                 config.speculative_config.verify_rows(config.max_num_seqs)
             self.spec = SpecDecoder(config.speculative_config, int(self.hf_config.vocab_size), rows,
-                                    self.device.type, target_config=config, max_model_len=self.limits.max_model_len)
-            if self.verify_graph_k and config.speculative_config.adaptive:
-                # a verify step of more rows than the largest verify graph runs eagerly, ~10x a
-                # graph step on a GPU (and the probes that measure it cost as much): adaptive
-                # depth does not speculate at those batch sizes
-                self.spec.depth.cap_batch_size(self.runner.verify_graphs.sizes[-1])
+                                    self.device.type, target_config=config, max_model_len=self.limits.max_model_len,
+                                    verify_graph_rows=self.runner.verify_graphs.sizes[-1] if self.verify_graph_k else None)
 
     @property
     def verify_graph_k(self) -> int:

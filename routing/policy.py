@@ -229,11 +229,9 @@ class PrefixAwarePolicy:
         KV, bound how many conversations it keeps). Spread by fill, each keeps its share."""
         if len(tied) == 1:
             return tied[0]
-        fill = getattr(self.index, "num_blocks_of", None)
-        if fill is not None:
-            least = min(fill(r) for r in tied)
-            tied = [r for r in tied if fill(r) == least]
-        return self._rng.choice(tied)
+        fill = {r: self.index.num_blocks_of(r) for r in tied}
+        least = min(fill.values())
+        return self._rng.choice([r for r in tied if fill[r] == least])
 
     def rank(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
         """The best replica for `request` (nothing recorded)."""

@@ -62,6 +62,9 @@ class PrefixIndex(Protocol):
         """replica_id -> predicted reusable prefix tokens (ending at a checkpoint for hybrid
         models) for every replica with a non-zero match."""
 
+    def num_blocks_of(self, replica_id: str) -> int:
+        """Blocks predicted cached on `replica_id` (how full its cache is predicted to be)."""
+
 
 class _ReplicaBlocks:
     """One replica's blocks: hash -> has a checkpoint at its end, in LRU order (a bound on
@@ -138,11 +141,14 @@ class BlockPrefixIndex:
         for i, h in enumerate(hashes):
             blocks.touch(h, checkpoint=i >= start and ((i + 1) % self.blocks_per_interval == 0 or i == last))
 
-    @staticmethod
-    def _reusable_blocks(replica: "_ReplicaBlocks", hashes: Sequence[int]) -> int:
-        """Blocks of the prefix `hashes` predicted reusable on `replica` (ending at a checkpoint)."""
+    def _reusable_blocks(self, replica: "_ReplicaBlocks", hashes: Sequence[int]) -> int:
+        """Blocks of the prefix `hashes` predicted reusable on `replica`: up to the longest
+        block ending at a checkpoint (hybrid), or held at all. A chained hash stands for its
+        whole prefix (blocks before it may have been forgotten): search from the end."""
+        blocks = replica.blocks
         for i in range(len(hashes) - 1, -1, -1):
-            if replica.blocks.get(hashes[i]):
+            checkpoint = blocks.get(hashes[i])
+            if checkpoint or (checkpoint is not None and not self.hybrid):
                 return i + 1
         return 0
 
@@ -194,14 +200,9 @@ class BlockPrefixIndex:
         hashes = self._usable_hashes(prompt_token_ids)
         out = {}
         for replica_id, replica in self.replicas.items():
-            blocks = replica.blocks
-            # a chained hash stands for its whole prefix (blocks before it may have been
-            # forgotten): the longest usable block wins, so search from the end
-            for i in range(len(hashes) - 1, -1, -1):
-                checkpoint = blocks.get(hashes[i])
-                if checkpoint or (checkpoint is not None and not self.hybrid):
-                    out[replica_id] = (i + 1) * self.page_size
-                    break
+            reusable = self._reusable_blocks(replica, hashes)
+            if reusable:
+                out[replica_id] = reusable * self.page_size
         return out
 
     def num_blocks(self) -> int:

@@ -70,7 +70,8 @@ def make_drafter(config: SpeculativeConfig, vocab_size: int, target_config=None,
 
 class SpecDecoder:
     def __init__(self, config: SpeculativeConfig, vocab_size: int, max_verify_rows: int, device_type: str,
-                 drafter: Drafter | None = None, target_config=None, max_model_len: int = 0) -> None:
+                 drafter: Drafter | None = None, target_config=None, max_model_len: int = 0,
+                 verify_graph_rows: int | None = None) -> None:
         self.config = config
         self.drafter = drafter if drafter is not None else make_drafter(config, vocab_size, target_config,
                                                                         max_model_len, max_verify_rows)
@@ -78,6 +79,11 @@ class SpecDecoder:
         cost = 1 / 128 if device_type == "cuda" else 1 / 32  # see depth.py; CPU steps grow with tokens sooner
         self.depth = AdaptiveDepth(config.num_speculative_tokens, config.adaptive, cost_per_token=cost,
                                    disable_by_batch_size=config.disable_by_batch_size)
+        if verify_graph_rows is not None and config.adaptive:
+            # a verify step of more rows than the largest verify graph runs eagerly, ~10x a graph
+            # step on a GPU (and the probes that measure it cost as much): adaptive depth does
+            # not speculate at those batch sizes
+            self.depth.cap_batch_size(verify_graph_rows)
         self.stats = SpecStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self.proposed: dict = {}  # request -> drafts proposed this step (before any padding)
 

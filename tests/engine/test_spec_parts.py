@@ -6,6 +6,7 @@ import torch
 
 from hybrid_serve.engine.config import EngineConfig
 from hybrid_serve.engine.spec import DraftRequest, RemoteDrafter, SpeculativeConfig
+from hybrid_serve.engine.spec.decoder import SpecDecoder
 from hybrid_serve.engine.spec.depth import AdaptiveDepth
 from hybrid_serve.engine.spec.ngram import ngram_lookup
 from hybrid_serve.mem_cache import CacheOps, PoolLayout, PoolOptions, StatePool, StateSpec, apply_cache_ops, plan_pools
@@ -79,6 +80,10 @@ def test_adaptive_depth_follows_acceptance_and_batch():
     assert capped.depths(["a"], 5) == {"a": 0} and capped.depths(["a"], 4)["a"] > 0
     with pytest.raises(ValueError, match="batch_size must be >= 0, got -1"):
         capped.cap_batch_size(-1)
+    with_graphs = SpecDecoder(SpeculativeConfig("ngram", 4), 256, 16, "cpu", verify_graph_rows=8)
+    assert with_graphs.depth.disable_by_batch_size == 8  # the engine's largest verify graph caps it
+    fixed = SpecDecoder(SpeculativeConfig("ngram", 4, adaptive=False), 256, 16, "cpu", verify_graph_rows=8)
+    assert fixed.depth.disable_by_batch_size is None  # K fixed by the user: speculates at any size
     assert AdaptiveDepth.expected_tokens(0.5, 2) == pytest.approx(1.75)
 
 
