@@ -86,6 +86,7 @@ class LLMServerImpl:
                                    max_waiting_tokens=bounds["max_waiting_tokens"])
         self.queue = FirstTokenQueue()
         self.num_answered = 0  # requests past their first token, not yet ended
+        self.num_received = 0  # requests ever routed here (the router matches its placements to it)
         self.ttft_avg_s: float | None = None  # moving average, from arrival here to the first delta
         self.cache_events = CacheEventRing(config.engine_config().page_size)
         self.on_engine_dead: Callable[[], None] | None = None  # the Serve replica leaves (`LLMServer`)
@@ -107,7 +108,8 @@ class LLMServerImpl:
         take = getattr(self.engine, "take_cache_events", None)
         if take is not None:
             self.cache_events.extend(take())
-        return {**self.engine.load().routing_stats(), EVENTS_KEY: self.cache_events.snapshot()}
+        return {**self.engine.load().routing_stats(), "num_received_requests": self.num_received,
+                EVENTS_KEY: self.cache_events.snapshot()}
 
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
@@ -122,6 +124,7 @@ class LLMServerImpl:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
         """The request was validated by the ingress; this asks admission whether to take it."""
         num_tokens = len(request.prompt_token_ids)
+        self.num_received += 1
         verdict = self.admission.on_arrival(self.engine.load(), self.queue, num_tokens,
                                             num_answered=self.num_answered)
         if verdict.decision == "reject":

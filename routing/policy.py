@@ -34,12 +34,15 @@ class ReplicaStats:
     num_waiting_tokens: int = 0
     num_free_state_slots: int = 0
     num_free_kv_pages: int = 0
+    num_received_requests: int = -1  # requests the replica ever received (-1: not reported)
 
     @classmethod
     def from_dict(cls, replica_id: str, stats: dict) -> "ReplicaStats":
-        """From a replica's routing stats (missing keys count as 0: a replica not yet reporting)."""
+        """From a replica's routing stats (missing keys count as 0: a replica not yet reporting;
+        a missing arrival counter as -1)."""
         return cls(replica_id, *(int(stats.get(k, 0)) for k in (
-            "num_running", "num_waiting", "num_waiting_tokens", "num_free_state_slots", "num_free_kv_pages")))
+            "num_running", "num_waiting", "num_waiting_tokens", "num_free_state_slots", "num_free_kv_pages")),
+            num_received_requests=int(stats.get("num_received_requests", -1)))
 
     @property
     def queue_len(self) -> int:
@@ -77,13 +80,15 @@ class PowerOfTwoChoices:
 
 
 class _Unreported:
-    """What a policy placed on one replica since that replica's last load report: requests and
-    the prefill tokens they bring (prompt minus predicted hit), by key, oldest first."""
+    """What a policy placed on one replica that the replica's load reports do not show yet:
+    requests and the prefill tokens they bring (prompt minus predicted hit), by key, oldest
+    first."""
 
     def __init__(self) -> None:
         self.entries: OrderedDict[object, tuple[float, int]] = OrderedDict()  # key -> (when placed, tokens)
         self.requests = 0
         self.tokens = 0
+        self.completed = 0  # entries that completed before a report acknowledged their arrival
 
     def add(self, key: object, now: float, tokens: int) -> None:
         self.remove(key)
@@ -91,11 +96,25 @@ class _Unreported:
         self.requests += 1
         self.tokens += tokens
 
-    def remove(self, key: object) -> None:
+    def remove(self, key: object) -> bool:
         entry = self.entries.pop(key, None)
         if entry is not None:
             self.requests -= 1
             self.tokens -= entry[1]
+        return entry is not None
+
+    def complete(self, key: object) -> None:
+        if self.remove(key):
+            self.completed += 1  # its arrival is still in a later report's count
+
+    def acknowledge(self, arrivals: int) -> None:
+        """A report counts `arrivals` more requests received: the oldest entries are in it now
+        (first those that already completed). Arrivals from other routers make this drop more
+        of ours than arrived: the load is then undercounted until the next report, never doubled."""
+        done = min(arrivals, self.completed)
+        self.completed -= done
+        for _ in range(min(arrivals - done, len(self.entries))):
+            self.remove(next(iter(self.entries)))
 
     def expire(self, before: float) -> None:
         while self.entries:
@@ -190,7 +209,7 @@ class PrefixAwarePolicy:
     def complete(self, replica_id: str, key: object) -> None:
         """The request `record_load` named `key` finished on `replica_id`: no longer its load."""
         if replica_id in self.unreported:
-            self.unreported[replica_id].remove(key)
+            self.unreported[replica_id].complete(key)
 
     def forget(self, replica_id: str) -> None:
         """The replica is gone: drop its load bookkeeping (its index entries go with the index's)."""
@@ -198,13 +217,24 @@ class PrefixAwarePolicy:
         self.last_report.pop(replica_id, None)
 
     def _unreported_load(self, replicas: Sequence[ReplicaStats]) -> dict[str, _Unreported]:
-        """Each replica's placements not in its load report yet (a changed report covers them)."""
+        """Each replica's placements not in its load report yet. A changed report that counts
+        the requests its replica received covers as many of the oldest placements as it
+        received since the last report (a report sampled before the latest placements reached
+        the replica covers only the earlier ones: taking it to cover all of them made a
+        replica that had just taken a burst look idle, and the next burst went there too); one
+        without that count (or whose count went back: a restart) covers all of them."""
         horizon = self.clock() - self.unreported_ttl_s
         out = {}
         for r in replicas:
-            if self.last_report.get(r.replica_id) != r:
+            last = self.last_report.get(r.replica_id)
+            if last != r:
                 self.last_report[r.replica_id] = r
-                self.unreported.pop(r.replica_id, None)
+                extra = self.unreported.get(r.replica_id)
+                if (extra is not None and last is not None and last.num_received_requests >= 0
+                        and r.num_received_requests >= last.num_received_requests):
+                    extra.acknowledge(r.num_received_requests - last.num_received_requests)
+                else:
+                    self.unreported.pop(r.replica_id, None)
             extra = self.unreported.get(r.replica_id)
             if extra is not None:
                 extra.expire(horizon)

@@ -232,3 +232,44 @@ def test_speculative_stream_and_metrics(ref_llm):
     accepted = metrics.spec_accepted_tokens._value.get()
     assert accepted >= 8 and metrics.spec_draft_tokens._value.get() >= accepted
     assert metrics.spec_drafts._value.get() >= 2 and metrics.spec_accepted_at(3)._value.get() >= 1
+
+
+def test_requests_the_engine_has_not_taken_count_as_waiting_with_their_tokens():
+    """A request handed to the engine but not yet in its last report counts as waiting, with
+    its prompt tokens (the router's load, Serve's record_routing_stats)."""
+    class Backend:  # an engine process that has not taken anything yet
+        first_report = type("First", (), {"view": LoadView(0, 0, 0, 8, 8, 100, 8), "stats": {}})()
+        limits = ModelLimits(max_model_len=128, vocab_size=256)
+        sent: list = []
+
+        def __init__(self, on_report, on_exit):
+            self.on_report = on_report
+
+        def send(self, msg):
+            self.sent.append(msg)
+            return True
+
+        def alive(self):
+            return True
+
+        def stop(self, timeout_s):
+            pass
+
+    eng = AsyncLLMEngine(model_name="demo", backend_factory=Backend)
+    params = SamplingParams(max_tokens=1)
+
+    async def start(ids, rid):
+        gen = eng.generate(ids, params, rid, validated=True)
+        task = asyncio.ensure_future(gen.__anext__())
+        await asyncio.sleep(0.01)  # runs up to the hand-over, then waits for a delta
+        return task
+
+    async def main():
+        tasks = [await start([5] * 30, "a"), await start([6] * 12, "b")]
+        view = eng.load()
+        for t in tasks:
+            t.cancel()
+        return view
+
+    view = asyncio.run(main())
+    assert (view.num_waiting, view.num_waiting_tokens) == (2, 42)

@@ -1,6 +1,7 @@
 """routing/policy.py without Ray: replica stats from the replicas' report, power-of-two
 choices that keep a uniform load balanced."""
 import random
+from dataclasses import replace
 from collections import Counter
 
 import pytest
@@ -126,6 +127,35 @@ def test_placements_count_as_load_until_a_changed_report_or_the_ttl():
     assert policy.unreported["r1"].requests == 0  # not reported, but old enough to be in any report
     policy.forget("r1")  # the replica died
     assert "r1" not in policy.unreported and "r1" not in policy.last_report
+
+
+def test_a_report_covers_only_the_placements_its_replica_had_received():
+    """Reports lag (Serve polls them every stats period): one sampled before the latest
+    placements reached the replica changes (its free KV pages moved) but counts only the
+    arrivals before them. Those placements stay load: a burst does not go to a replica that
+    just took one because its report looked idle (on 4 GPUs that herded 58 of 160 requests
+    onto one replica; RESULTS.md, router section)."""
+    policy = _prefix_policy()
+    reports = [ReplicaStats(f"r{i}", num_free_state_slots=8, num_received_requests=0) for i in range(2)]
+    policy.index.record_sent("r0", _conversation(0))
+    policy.index.record_sent("r1", _conversation(0))
+    policy.rank(RoutingRequest(_conversation(1)), reports)  # first reports seen
+    for key in ("a", "b", "c"):
+        policy.record_load("r0", 64, key)
+    # r0's next report: the pages of its running work moved, and 1 of the 3 had arrived
+    stale = [replace(reports[0], num_free_kv_pages=7, num_received_requests=1), reports[1]]
+    assert policy.rank(RoutingRequest(_conversation(5)), stale).replica_id == "r1"
+    assert policy.unreported["r0"].requests == 2 and list(policy.unreported["r0"].entries) == ["b", "c"]
+    policy.complete("r0", "c")  # ended before any report counted its arrival
+    later = [replace(stale[0], num_received_requests=3), reports[1]]
+    policy.rank(RoutingRequest(_conversation(6)), later)
+    assert policy.unreported["r0"].requests == 0 and policy.unreported["r0"].completed == 0
+    # a replica that restarted (its count went back) or reports no count: all its placements are covered
+    policy.record_load("r0", 64, "d")
+    policy.rank(RoutingRequest(_conversation(7)), [replace(later[0], num_received_requests=0), reports[1]])
+    assert "r0" not in policy.unreported
+    assert ReplicaStats.from_dict("r9", {}).num_received_requests == -1
+    assert ReplicaStats.from_dict("r9", {"num_received_requests": 5}).num_received_requests == 5
 
 
 def test_a_conversation_stays_where_its_history_is_while_the_load_difference_is_small():
