@@ -69,12 +69,10 @@ def _causal_conv1d_varlen_kernel(
             val = xv.to(tl.float32) + sv.to(tl.float32)  # [BT, BD]
             w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
             acc += val * w_j[None, :]
-            if VERIFY:
-                if j >= 1:  # tap j is column j-1 of the window after token t
-                    m_i = (mask_t & (offs_t < inter_steps) & (b < inter_rows))[:, None] & mask_d[None, :]
-                    i_ptr = (inter_ptr + b.to(tl.int64) * stride_i_b + offs_t[:, None].to(tl.int64) * stride_i_s
-                             + offs_d[None, :] * stride_i_d + (j - 1) * stride_i_k)
-                    tl.store(i_ptr, val.to(inter_ptr.dtype.element_ty), mask=m_i)
+        if VERIFY:  # the window after each token, [BT, BD, KW] in one store (window columns innermost)
+            _store_windows(x_ptr, states_ptr + slot * stride_s_n, inter_ptr + b.to(tl.int64) * stride_i_b, start,
+                           offs_t, offs_d, mask_t & (offs_t < inter_steps) & (b < inter_rows), mask_d, has_state,
+                           stride_x_t, stride_s_d, stride_s_k, stride_i_s, stride_i_d, stride_i_k, K, KW_PAD)
         if SILU:
             acc = acc * tl.sigmoid(acc)
         y_ptrs = y_ptr + (start + offs_t)[:, None] * stride_y_t + offs_d[None, :]
@@ -98,6 +96,26 @@ def _conv_window_kernel(x_ptr, states_ptr, slots_ptr, cu_ptr, num_channels, num_
     state_base = states_ptr + slot * stride_s_n + offs_d[None, :] * stride_s_d
     _write_window(x_ptr, state_base, start, (end - start).to(tl.int32), has_state, offs_d, mask_d, stride_x_t,
                   stride_s_k, K, KW_PAD)
+
+
+@triton.jit
+def _store_windows(x_ptr, slot_base, row_inter, start, offs_t, offs_d, mask_t, mask_d, has_state,
+                   stride_x_t, stride_s_d, stride_s_k, stride_i_s, stride_i_d, stride_i_k,
+                   K: tl.constexpr, KW_PAD: tl.constexpr):
+    """Verify: the window after token t (column i = relative position t - (K-2) + i) of every
+    token of the block to the row's scratch, as one [BT, BD, KW] tile (the scratch keeps the
+    window's K-1 columns innermost: one strided store per tap wrote every (K-1)-th element)."""
+    offs_k = tl.arange(0, KW_PAD)
+    p = offs_t[:, None] - (K - 2) + offs_k[None, :]  # [BT, KW] relative position of column k
+    m_tk = mask_t[:, None] & (offs_k < K - 1)[None, :]
+    m = m_tk[:, None, :] & mask_d[None, :, None]  # [BT, BD, KW]
+    xv = tl.load(x_ptr + (start + p)[:, None, :] * stride_x_t + offs_d[None, :, None],
+                 mask=m & (p >= 0)[:, None, :], other=0.0)
+    sv = tl.load(slot_base + offs_d[None, :, None] * stride_s_d + (K - 1 + p)[:, None, :] * stride_s_k,
+                 mask=m & (p < 0)[:, None, :] & has_state, other=0.0)
+    window = xv.to(tl.float32) + sv.to(tl.float32)
+    tl.store(row_inter + offs_t[:, None, None].to(tl.int64) * stride_i_s + offs_d[None, :, None] * stride_i_d
+             + offs_k[None, None, :] * stride_i_k, window.to(row_inter.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -188,7 +206,10 @@ def causal_conv1d_varlen(
     # longer; on an H100 at 8192 x 8192, benchmarks/prefill_kernels_tune.py: 0.42 ms in
     # 64-token tiles, where 64 channels and 128-token tiles took 0.71 ms)
     decode = tokens_per_row <= 1
-    block_t = block_t or (1 if decode else 32)
+    # a verify row is a few tokens (its drafts + 1): one block of the scratch's steps (+ the
+    # token whose window goes to the pool), not 32
+    verify_tokens = inter.shape[1] + int(write_pool)
+    block_t = block_t or (1 if decode else min(32, max(2, next_pow2(verify_tokens))) if verify else 32)
     block_d = min(block_d or (256 if decode else 128), next_pow2(dim))
     grid = (batch, triton.cdiv(dim, block_d), tiles)
     _causal_conv1d_varlen_kernel[grid](

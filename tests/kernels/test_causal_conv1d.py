@@ -87,14 +87,18 @@ def test_conv_chunked_prefill_equals_single_pass():
     assert torch.equal(pool.nan_to_num(), pool2.nan_to_num())
 
 
-def test_conv_verify_writes_every_window_and_not_the_pool():
+@pytest.mark.parametrize("width,block_t", [(4, None), (4, 2), (3, None), (2, None)],
+                         ids=["K4", "K4-rows-span-token-blocks", "K3", "K2"])
+def test_conv_verify_writes_every_window_and_not_the_pool(width, block_t):
+    """Verify mode: every token's window goes to the scratch (block_t=2: a row of 4 tokens
+    spans two token blocks)."""
     lens, slots = [3, 1, 4], [4, -1, 1]
-    dim, width, steps = 8, 4, 5
+    dim, steps = 8, 5
     x, w, b, pool = _setup(lens, slots, dim, width, torch.float32, False)
     pool_before = pool.clone()
     scratch = torch.full((4, steps, dim, width - 1), float("nan"), device=DEVICE)
     y = causal_conv1d_varlen(x, w, b, pool, torch.tensor(slots, dtype=torch.int32, device=DEVICE),
-                             cu_seqlens(lens), "silu", intermediate_conv_windows=scratch)
+                             cu_seqlens(lens), "silu", intermediate_conv_windows=scratch, block_t=block_t)
     assert torch.equal(pool.nan_to_num(), pool_before.nan_to_num()) and torch.equal(pool.isnan(), pool_before.isnan())
     # ref: one token at a time, recording the window after each
     ref_pool = pool_before.clone()
@@ -135,6 +139,29 @@ def test_conv_serving_shapes_gpu(batch, tokens_per_row):
     got, want, pool, pool_ref = _run_both(lens, slots, dim, 4, torch.bfloat16, False, "silu", "cuda", batch + 2)
     assert rel_err(got.float().cpu(), want.float().cpu()) < 1e-2
     assert torch.equal(pool.nan_to_num().cpu(), pool_ref.nan_to_num().cpu())
+
+
+@gpu
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_conv_verify_serving_shapes_gpu(batch):
+    """A verify step's shapes on the GPU (rows of K+1 = 5 tokens, 8,192 channels, bf16, K
+    scratch steps, the last window to the pool): the scratch holds each token's window and
+    y equals a plain step's, bit for bit (the window is a copy of inputs)."""
+    k, dim, width = 4, 8192, 4
+    lens, slots = [k + 1] * batch, list(range(1, batch + 1))
+    x, w, b, pool = _setup(lens, slots, dim, width, torch.bfloat16, True, "cuda", num_slots=batch + 1)
+    slots_t, cu = torch.tensor(slots, dtype=torch.int32, device="cuda"), cu_seqlens(lens, "cuda")
+    plain_pool = pool.clone()
+    want_y = causal_conv1d_varlen(x, w, b, plain_pool, slots_t, cu, "silu")
+    scratch = torch.full((batch, k, dim, width - 1), float("nan"), dtype=torch.bfloat16, device="cuda")
+    before = pool.clone()
+    y = causal_conv1d_varlen(x, w, b, pool, slots_t, cu, "silu", intermediate_conv_windows=scratch, update_pool=True)
+    assert torch.equal(y, want_y) and torch.equal(pool.nan_to_num(), plain_pool.nan_to_num())
+    for s in range(k):  # window after token s: inputs s-2..s, the old window's columns before them
+        cols = [x[r * (k + 1) + s - 2 + i] if s - 2 + i >= 0 else before[slots[r], :, s + 1 + i]
+                for r in range(batch) for i in range(width - 1)]
+        want = torch.stack(cols).view(batch, width - 1, dim).transpose(1, 2)
+        assert torch.equal(scratch[:, s], want), s
 
 
 def test_conv_verify_with_pool_update_keeps_all_but_the_last_window_and_updates_the_slot():
