@@ -171,7 +171,8 @@ class HybridRequestRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         placement = self.place(request, [self._stats(r) for r in candidate_replicas])
         self.decisions[placement.reason] = self.decisions.get(placement.reason, 0) + 1
-        self.predicted[id(request.prompt_token_ids)] = (placement.replica_id, placement.predicted_hit_tokens)
+        self.predicted[id(request.prompt_token_ids)] = (placement.replica_id, placement.predicted_hit_tokens,
+                                                        placement.new_conversation)
         if len(self.predicted) > 4096:  # (requests Serve never routed: cancelled)
             self.predicted.pop(next(iter(self.predicted)))
         self.metrics.decision(placement.replica_id, placement.reason, placement.predicted_hit_tokens,
@@ -200,7 +201,9 @@ class HybridRequestRouter(RequestRouter):
         else:
             self.index.record_sent(replica, ids)
         self.policy.record_session(replica, request)
-        predicted_replica, hit = self.predicted.pop(id(ids), (None, 0))
+        predicted_replica, hit, new_conversation = self.predicted.pop(id(ids), (None, 0, False))
+        if new_conversation:  # (where Serve sent it: the replica chosen, or the next when that one was full)
+            self.policy.record_new_conversation(replica)
         # its prefill is load there until the replica's report shows it or it completes (routing/policy.py)
         key = getattr(getattr(pending_request, "metadata", None), "internal_request_id", None)
         self.policy.record_load(replica, len(ids) - (hit if predicted_replica == replica else 0), key)

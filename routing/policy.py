@@ -54,6 +54,9 @@ class Placement:
     replica_id: str
     reason: str  # e.g. "pow2", "prefix", "session": a label for the decisions metric
     predicted_hit_tokens: int = field(default=0, compare=False)  # the reusable prefix predicted there
+    # the request continues no earlier prompt (a new conversation over a shared prefix, or no
+    # match): where it goes is where a new conversation will live
+    new_conversation: bool = field(default=False, compare=False)
 
 
 class PlacementPolicy(Protocol):
@@ -145,6 +148,18 @@ class PrefixAwarePolicy:
     "session", "pow2" (nothing matches anywhere), "imbalance" (a prefix matches somewhere,
     but its replicas were overloaded: by score or out of balance).
 
+    New conversations are spread by count. A request whose best predicted prefix is no whole
+    earlier prompt (`index.ends_a_prompt`: it shares a system prompt inside other prompts, or
+    matches nothing) continues no conversation: it goes to one of the replicas that recently
+    took the fewest new conversations (within
+    `conversation_slack`; counts decay with `conversation_half_life_s`), by score among those.
+    Scored as one request's time to a first token instead, a system prompt held by the first
+    replicas to compute it outweighs a few requests of queue, so those replicas took every
+    new conversation while the others idled (on 4 GPUs: 16 conversations on each of two
+    replicas, none on the others, then later turns moved away from their histories as the
+    two evicted them). A new conversation's later turns come back to where it went: its
+    placement is load for the conversation's life, which a queue cannot show.
+
     `saved_weight` (default 1: saved and queued tokens weigh the same, this request's own time
     to a first token): > 1 also counts that tokens recomputed on a busy replica delay the
     requests queued behind them there, so a conversation leaves the replica holding its
@@ -154,9 +169,14 @@ class PrefixAwarePolicy:
     def __init__(self, index, seed: int | None = None, running_cost_tokens: int = 64,
                  no_slot_cost_tokens: int = 4096, imbalance_ratio: float = 2.0, imbalance_min: int = 8,
                  max_sessions: int = 100_000, unreported_ttl_s: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic, saved_weight: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.monotonic, saved_weight: float = 1.0,
+                 conversation_half_life_s: float = 60.0, conversation_slack: float = 1.0) -> None:
         if not saved_weight > 0:
             raise ValueError(f"saved_weight must be > 0, got {saved_weight!r}")
+        if not conversation_half_life_s > 0:
+            raise ValueError(f"conversation_half_life_s must be > 0, got {conversation_half_life_s!r}")
+        if not conversation_slack >= 0:
+            raise ValueError(f"conversation_slack must be >= 0, got {conversation_slack!r}")
         self.index = index
         self.fallback = PowerOfTwoChoices(seed)
         self._rng = random.Random(seed)
@@ -171,6 +191,9 @@ class PrefixAwarePolicy:
         self.sessions: dict[str, str] = {}  # session id -> replica id (insertion order: oldest first)
         self.unreported: dict[str, _Unreported] = {}
         self.last_report: dict[str, ReplicaStats] = {}
+        self.conversation_half_life_s = conversation_half_life_s
+        self.conversation_slack = conversation_slack
+        self.new_conversations: dict[str, tuple[float, float]] = {}  # replica -> (decayed count, as of when)
 
     def _cost(self, r: ReplicaStats, extra: _Unreported | None) -> int:
         return (r.num_waiting_tokens + (extra.tokens if extra else 0) + self.running_cost_tokens * r.num_running
@@ -183,7 +206,19 @@ class PrefixAwarePolicy:
         """`rank`, then `record` the placement (when the caller places it where ranked)."""
         placement = self.rank(request, replicas)
         self.record(placement.replica_id, request, placement.predicted_hit_tokens)
+        if placement.new_conversation:
+            self.record_new_conversation(placement.replica_id)
         return placement
+
+    def num_new_conversations(self, replica_id: str) -> float:
+        """New conversations placed on `replica_id`, each weighing half as much every
+        `conversation_half_life_s`."""
+        count, when = self.new_conversations.get(replica_id, (0.0, 0.0))
+        return count * 0.5 ** ((self.clock() - when) / self.conversation_half_life_s) if count else 0.0
+
+    def record_new_conversation(self, replica_id: str) -> None:
+        """A request of a `Placement.new_conversation` went to `replica_id`."""
+        self.new_conversations[replica_id] = (self.num_new_conversations(replica_id) + 1.0, self.clock())
 
     def record(self, replica_id: str, request: RoutingRequest, predicted_hit_tokens: int = 0) -> None:
         """The request went to `replica_id`: its blocks will be cached there, its session lives
@@ -215,6 +250,7 @@ class PrefixAwarePolicy:
         """The replica is gone: drop its load bookkeeping (its index entries go with the index's)."""
         self.unreported.pop(replica_id, None)
         self.last_report.pop(replica_id, None)
+        self.new_conversations.pop(replica_id, None)
 
     def _unreported_load(self, replicas: Sequence[ReplicaStats]) -> dict[str, _Unreported]:
         """Each replica's placements not in its load report yet. A changed report that counts
@@ -273,15 +309,23 @@ class PrefixAwarePolicy:
         least_queue = min(queue.values())
         saved = self.index.match(request.prompt_token_ids)
         session = self.sessions.get(request.session_id) if request.session_id else None
+        top_saved = max(saved.values(), default=0)
+        new_conversation = not any(self.index.ends_a_prompt(r, request.prompt_token_ids, top_saved)
+                                   for r, n in saved.items() if n == top_saved)
         if session in queue and self._balanced(queue[session], least_queue):
-            replica_id, reason = session, "session"
+            replica_id, reason, new_conversation = session, "session", False
         elif not saved:
             loads = self._with_unreported(replicas, extra)
             replica_id, reason = self.fallback.choose(request, loads).replica_id, "pow2"
         else:
+            candidates = replicas
+            if new_conversation:  # the fewest recent new conversations (within the slack), then by score
+                counts = {r.replica_id: self.num_new_conversations(r.replica_id) for r in replicas}
+                fewest = min(counts.values())
+                candidates = [r for r in replicas if counts[r.replica_id] <= fewest + self.conversation_slack]
             scores = [(self.saved_weight * saved.get(r.replica_id, 0) - self._cost(r, extra.get(r.replica_id)),
                        r.replica_id)
-                      for r in replicas]
+                      for r in candidates]
             top = max(score for score, _ in scores)
             best = self._least_filled([replica_id for score, replica_id in scores if score == top])
             if not self._balanced(queue[best], least_queue):
@@ -289,4 +333,4 @@ class PrefixAwarePolicy:
                 replica_id, reason = self.fallback.choose(request, loads).replica_id, "imbalance"
             else:
                 replica_id, reason = best, "prefix" if saved.get(best) else "imbalance"
-        return Placement(replica_id, reason, saved.get(replica_id, 0))
+        return Placement(replica_id, reason, saved.get(replica_id, 0), new_conversation)

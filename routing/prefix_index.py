@@ -65,14 +65,27 @@ class PrefixIndex(Protocol):
     def num_blocks_of(self, replica_id: str) -> int:
         """Blocks predicted cached on `replica_id` (how full its cache is predicted to be)."""
 
+    def ends_a_prompt(self, replica_id: str, prompt_token_ids: Sequence[int], tokens: int) -> bool:
+        """Whether the first `tokens` of the prompt are a whole earlier prompt sent to
+        `replica_id` (up to its prompt-end checkpoint): the request continues that one (a
+        conversation's next turn), rather than sharing a prefix inside other prompts."""
+
 
 class _ReplicaBlocks:
     """One replica's blocks: hash -> has a checkpoint at its end, in LRU order (a bound on
-    memory; the replica's own LRU evicts in about this order too)."""
+    memory; the replica's own LRU evicts in about this order too), and the blocks that ended
+    a prompt sent there (insertion order, the same bound)."""
 
     def __init__(self, max_blocks: int) -> None:
         self.max_blocks = max_blocks
         self.blocks: OrderedDict[int, bool] = OrderedDict()
+        self.prompt_ends: OrderedDict[int, None] = OrderedDict()
+
+    def add_prompt_end(self, h: int) -> None:
+        self.prompt_ends[h] = None
+        self.prompt_ends.move_to_end(h)
+        if len(self.prompt_ends) > self.max_blocks:
+            self.prompt_ends.popitem(last=False)
 
     def touch(self, h: int, checkpoint: bool) -> None:
         blocks = self.blocks
@@ -140,6 +153,8 @@ class BlockPrefixIndex:
         start = self._reusable_blocks(blocks, hashes) if self.hybrid else 0
         for i, h in enumerate(hashes):
             blocks.touch(h, checkpoint=i >= start and ((i + 1) % self.blocks_per_interval == 0 or i == last))
+        if hashes:
+            blocks.add_prompt_end(hashes[last])
 
     def _reusable_blocks(self, replica: "_ReplicaBlocks", hashes: Sequence[int]) -> int:
         """Blocks of the prefix `hashes` predicted reusable on `replica`: up to the longest
@@ -169,6 +184,7 @@ class BlockPrefixIndex:
         elif kind == "kv_evicted":
             for h in hashes:
                 blocks.blocks.pop(h, None)
+                blocks.prompt_ends.pop(h, None)
         else:
             raise ValueError(f"unknown cache event kind {kind!r}")
 
@@ -212,3 +228,11 @@ class BlockPrefixIndex:
         """Blocks predicted cached on `replica_id` (how much of the cache its placements fill)."""
         replica = self.replicas.get(replica_id)
         return len(replica.blocks) if replica is not None else 0
+
+    def ends_a_prompt(self, replica_id: str, prompt_token_ids: Sequence[int], tokens: int) -> bool:
+        replica = self.replicas.get(replica_id)
+        n = tokens // self.page_size
+        if replica is None or n < 1:
+            return False
+        hashes = self._usable_hashes(prompt_token_ids)
+        return n <= len(hashes) and hashes[n - 1] in replica.prompt_ends

@@ -111,6 +111,35 @@ def test_new_conversations_at_light_load_spread_by_cache_fill_not_at_random():
     assert sorted(placed.values()) == [8, 8, 8, 8], placed
 
 
+def test_new_conversations_spread_although_the_first_replicas_hold_the_system_prompt():
+    """Fast replicas (GPUs): every request completes before the next report, so reports look
+    idle and queues never build. Scored by one request's time to a first token, the system
+    prompt the first replicas computed outweighs computing it elsewhere, and those replicas
+    took every new conversation (the 4-GPU bench: 16 on each of two, none on the others).
+    Spread by count, each replica takes its share and computes the prompt once; a later
+    turn continues its own history and is not a new conversation."""
+    now = [0.0]
+    policy = _prefix_policy(clock=lambda: now[0])
+    idle = [ReplicaStats(f"r{i}", num_free_state_slots=8) for i in range(4)]
+    placed, home = Counter(), {}
+    for i in range(32):
+        now[0] += 0.05
+        placement = policy.choose(RoutingRequest(_conversation(i)), idle)
+        assert placement.new_conversation
+        policy.unreported.clear()  # completed before the next arrival
+        placed[placement.replica_id] += 1
+        home[i] = placement.replica_id
+    assert max(placed.values()) - min(placed.values()) <= 2 and min(placed.values()) >= 7, placed
+    later = policy.choose(RoutingRequest(_conversation(5, turns=2)), idle)
+    assert (later.replica_id, later.new_conversation) == (home[5], False)
+    # the counts decay: an hour later the imbalance of an earlier burst no longer matters
+    policy.record_new_conversation("r0")
+    now[0] += 3600
+    assert policy.num_new_conversations("r0") < 1e-6
+    with pytest.raises(ValueError, match="conversation_half_life_s"):
+        _prefix_policy(conversation_half_life_s=0)
+
+
 def test_placements_count_as_load_until_a_changed_report_or_the_ttl():
     now = [0.0]
     policy = _prefix_policy(clock=lambda: now[0])

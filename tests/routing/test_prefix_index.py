@@ -37,6 +37,19 @@ def test_hybrid_match_ends_at_the_last_checkpoint_inside_the_kv_match():
     assert attention_only.match(prompt[:30] + [777] * 10) == {"r0": 28}
 
 
+def test_a_prompt_that_continues_an_earlier_one_is_told_from_one_sharing_its_system_prompt():
+    index = BlockPrefixIndex(page_size=4, checkpoint_interval=8)
+    system = list(range(100, 116))  # 16 tokens: an interval checkpoint at its end
+    first = system + [1] * 9  # the prompt-end checkpoint: 24 (the last page boundary before its last token)
+    index.record_sent("r0", first)
+    later_turn, other_user = first + [2] * 6, system + [3] * 9
+    assert index.match(later_turn) == {"r0": 24} and index.ends_a_prompt("r0", later_turn, 24)
+    assert index.match(other_user) == {"r0": 16} and not index.ends_a_prompt("r0", other_user, 16)
+    assert not index.ends_a_prompt("r1", later_turn, 24) and not index.ends_a_prompt("r0", later_turn, 0)
+    index.apply_event("r0", cache_event("kv_evicted", first[:24], 4, start=20))  # the prompt's last block
+    assert not index.ends_a_prompt("r0", later_turn, 24)
+
+
 def test_events_make_the_index_forget_what_the_replica_forgot():
     index = BlockPrefixIndex(PS, INTERVAL, hybrid=True)
     prompt = list(range(40))
