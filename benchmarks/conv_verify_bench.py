@@ -7,7 +7,7 @@ of B rows (the cost a verify step adds per GDN layer). Times are CUDA-graph repl
 With `--old MODULE` (e.g. `hybrid_serve.kernels.causal_conv1d._old_conv`, a copy of an
 earlier triton_conv.py), that kernel is timed beside and its outputs compared.
 
-    python benchmarks/conv_verify_bench.py [--batches 1,16,64] [--k 4] [--old MODULE] [--out DIR]
+    python benchmarks/conv_verify_bench.py [--batches 1,16,64] [--k 4] [--old MODULE] [--sweep] [--out DIR]
 """
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def _inputs(batch: int, tokens: int, steps: int, dim: int, width: int, dtype: to
     return x, w, b, pool, scratch, slots, cu
 
 
-def _verify_call(mod, x, w, b, pool, scratch, slots, cu):
+def _verify_call(mod, x, w, b, pool, scratch, slots, cu, **tuning):
     return lambda: mod.causal_conv1d_varlen(x, w, b, pool, slots, cu, "silu", intermediate_conv_windows=scratch,
-                                            update_pool=True)
+                                            update_pool=True, **tuning)
 
 
 def _time_us(fn) -> float:
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4, help="drafts per row: rows of K+1 tokens, K scratch steps")
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--old", default=None)
+    ap.add_argument("--sweep", action="store_true", help="also time block_d x num_warps variants (us)")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = ap.parse_args()
     old = importlib.import_module(args.old) if args.old else None
@@ -73,6 +74,12 @@ def main() -> None:
             y_old = _verify_call(old, x, w, b, pool, scratch, slots, cu)()
             row["equal_to_old"] = bool(torch.equal(got[0], y_old) and torch.equal(got[1], scratch)
                                        and torch.equal(got[2], pool))
+        if args.sweep:
+            row["sweep_us"] = {}
+            for block_d in (32, 64, 128, 256):
+                for warps in (2, 4, 8):
+                    fn = _verify_call(triton_conv, x, w, b, pool, scratch, slots, cu, block_d=block_d, num_warps=warps)
+                    row["sweep_us"][f"d{block_d}w{warps}"] = round(_time_us(fn), 2)
         xd, wd, bd, pd, _, sd, cud = _inputs(batch, 1, 1, args.dim, width, torch.bfloat16)
         row["plain_decode_us"] = round(_time_us(lambda: triton_conv.causal_conv1d_varlen(xd, wd, bd, pd, sd, cud,
                                                                                          "silu")), 2)

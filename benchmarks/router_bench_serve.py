@@ -109,7 +109,14 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
     from ..deploy.app import build_app
 
     router, _, ingress_replicas = router.partition("@")
-    router, _, weight = router.partition(":w")  # "prefix:w2": ours with saved_weight=2 (routing/policy.py)
+    # "prefix:w2": ours with saved_weight=2; "prefix:c1": with continuation_weight=1 (routing/policy.py)
+    router, *options = router.split(":")
+    policy_kwargs = {}
+    for option in options:
+        key = {"w": "saved_weight", "c": "continuation_weight"}.get(option[:1])
+        if key is None:
+            raise ValueError(f"unknown router option {option!r} (w<saved_weight>, c<continuation_weight>)")
+        policy_kwargs[key] = float(option[1:])
     unshared = router == "prefix_unshared"
     router = "prefix" if unshared else router
     single = router == "single_replica"
@@ -129,14 +136,13 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
         server._bound_deployment = server._bound_deployment.options(
             request_router_config=RequestRouterConfig(request_router_class=custom))
     traced = trace_path and router == "prefix" and not unshared and not ingress_replicas
-    if unshared or traced or weight:
+    if unshared or traced or policy_kwargs:
         from .router_bench_trace import TracedHybridRequestRouter
 
         server = app._bound_deployment.init_args[1]
         config = server._bound_deployment._deployment_config.request_router_config
         extra = {"shared_index": False} if unshared else {"trace_path": trace_path, "key_at": system_tokens} if traced else {}
-        if weight:
-            extra["saved_weight"] = float(weight)
+        extra.update(policy_kwargs)
         server._bound_deployment = server._bound_deployment.options(request_router_config=RequestRouterConfig(
             request_router_class=TracedHybridRequestRouter if traced else config.request_router_class,
             request_routing_stats_period_s=config.request_routing_stats_period_s,

@@ -160,6 +160,13 @@ class PrefixAwarePolicy:
     two evicted them). A new conversation's later turns come back to where it went: its
     placement is load for the conversation's life, which a queue cannot show.
 
+    A conversation's next turn (its best prefix is its whole previous prompt, on its home
+    replica) counts the history only its home holds `continuation_weight` times (default 4):
+    moving it recomputes that history now, and the copy left behind on the new replica takes
+    state slots the conversations living there need (on 4 GPUs, 65-74 of 128 later turns
+    moved for a few hundred queued tokens, scored as one request's time to a first token, and
+    lost 82-113k tokens).
+
     `saved_weight` (default 1: saved and queued tokens weigh the same, this request's own time
     to a first token): > 1 also counts that tokens recomputed on a busy replica delay the
     requests queued behind them there, so a conversation leaves the replica holding its
@@ -170,13 +177,17 @@ class PrefixAwarePolicy:
                  no_slot_cost_tokens: int = 4096, imbalance_ratio: float = 2.0, imbalance_min: int = 8,
                  max_sessions: int = 100_000, unreported_ttl_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, saved_weight: float = 1.0,
-                 conversation_half_life_s: float = 60.0, conversation_slack: float = 1.0) -> None:
+                 conversation_half_life_s: float = 60.0, conversation_slack: float = 1.0,
+                 continuation_weight: float = 4.0) -> None:
         if not saved_weight > 0:
             raise ValueError(f"saved_weight must be > 0, got {saved_weight!r}")
         if not conversation_half_life_s > 0:
             raise ValueError(f"conversation_half_life_s must be > 0, got {conversation_half_life_s!r}")
         if not conversation_slack >= 0:
             raise ValueError(f"conversation_slack must be >= 0, got {conversation_slack!r}")
+        if not continuation_weight >= 1:
+            raise ValueError(f"continuation_weight must be >= 1, got {continuation_weight!r}")
+        self.continuation_weight = continuation_weight
         self.index = index
         self.fallback = PowerOfTwoChoices(seed)
         self._rng = random.Random(seed)
@@ -299,6 +310,15 @@ class PrefixAwarePolicy:
         least = min(fill.values())
         return self._rng.choice([r for r in tied if fill[r] == least])
 
+    def _home_bonus(self, homes: list[str], saved: dict[str, int]) -> dict[str, float]:
+        """A conversation's next turn: the replicas holding its whole previous prompt (its
+        home) count the history only they hold (`continuation_weight` - 1) times more."""
+        if not homes or self.continuation_weight == 1:
+            return {}
+        elsewhere = max((n for r, n in saved.items() if r not in homes), default=0)
+        extra = (self.continuation_weight - 1) * self.saved_weight * (saved[homes[0]] - elsewhere)
+        return {r: extra for r in homes}
+
     def rank(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
         """The best replica for `request` (nothing recorded)."""
         if not replicas:
@@ -310,8 +330,9 @@ class PrefixAwarePolicy:
         saved = self.index.match(request.prompt_token_ids)
         session = self.sessions.get(request.session_id) if request.session_id else None
         top_saved = max(saved.values(), default=0)
-        new_conversation = not any(self.index.ends_a_prompt(r, request.prompt_token_ids, top_saved)
-                                   for r, n in saved.items() if n == top_saved)
+        homes = [r for r, n in saved.items()
+                 if n == top_saved and self.index.ends_a_prompt(r, request.prompt_token_ids, top_saved)]
+        new_conversation = not homes
         if session in queue and self._balanced(queue[session], least_queue):
             replica_id, reason, new_conversation = session, "session", False
         elif not saved:
@@ -323,8 +344,9 @@ class PrefixAwarePolicy:
                 counts = {r.replica_id: self.num_new_conversations(r.replica_id) for r in replicas}
                 fewest = min(counts.values())
                 candidates = [r for r in replicas if counts[r.replica_id] <= fewest + self.conversation_slack]
-            scores = [(self.saved_weight * saved.get(r.replica_id, 0) - self._cost(r, extra.get(r.replica_id)),
-                       r.replica_id)
+            bonus = self._home_bonus(homes, saved)
+            scores = [(self.saved_weight * saved.get(r.replica_id, 0) + bonus.get(r.replica_id, 0)
+                       - self._cost(r, extra.get(r.replica_id)), r.replica_id)
                       for r in candidates]
             top = max(score for score, _ in scores)
             best = self._least_filled([replica_id for score, replica_id in scores if score == top])

@@ -32,7 +32,7 @@ def test_later_turns_hit_the_replica_holding_their_history(served):
                 assert resp.status_code == 200, resp.text
                 if turn:
                     later_turn_hits.append(resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
-        assert all(hit >= 128 for hit in later_turn_hits), later_turn_hits
+        assert all(hit >= 128 for hit in later_turn_hits), str(later_turn_hits)
     finally:
         serve.delete(name)
 

@@ -202,16 +202,40 @@ def test_a_conversation_stays_where_its_history_is_while_the_load_difference_is_
     assert (placement.replica_id, placement.reason, placement.predicted_hit_tokens) == ("r1", "prefix", 1216)
 
 
+def test_a_next_turn_stays_home_unless_home_is_much_busier():
+    """A conversation's next turn (its whole previous prompt is on r1: 192 tokens of history
+    more than elsewhere) counts that history 4 times: it stays on r1 with 300 tokens more
+    queued there (one request's time alone would move it), and moves with 1,000 more
+    (1,216 + 3 x 192 - 1,000 < 1,024). A new conversation gets no such weight."""
+    turn1 = _conversation(7, turns=3) + [5] * 16  # its prompt-end checkpoint at 1,216
+    chosen = {}
+    for waiting in (300, 1000):
+        policy = _prefix_policy()
+        for r in ("r0", "r1"):
+            policy.index.record_sent(r, _conversation(0))
+        policy.index.record_sent("r1", turn1)
+        stats = [ReplicaStats("r0", num_free_state_slots=8),
+                 ReplicaStats("r1", num_waiting=1, num_waiting_tokens=waiting, num_free_state_slots=8)]
+        placement = policy.rank(RoutingRequest(turn1 + [6] * 80), stats)
+        assert not placement.new_conversation
+        chosen[waiting] = placement.replica_id
+    assert chosen == {300: "r1", 1000: "r0"}
+    assert policy._home_bonus([], {"r0": 1024}) == {}
+    with pytest.raises(ValueError, match="continuation_weight"):
+        _prefix_policy(continuation_weight=0.5)
+
+
 def test_saved_weight_keeps_a_conversation_on_its_history_against_a_larger_load_difference():
     """r1 holds 192 tokens of the conversation's history more than the others, and has 300
-    tokens more waiting: at the default weight the request moves (192 < 300); with
-    saved_weight=2 (recomputed tokens also delay those queued behind them) it stays on r1."""
+    tokens more waiting: at weight 1 (and no continuation weight) the request moves (192 <
+    300); with saved_weight=2 (recomputed tokens also delay those queued behind them) it
+    stays on r1."""
     turn1 = _conversation(7, turns=3) + [5] * 16  # its prompt-end checkpoint at 1,216
     stats = [ReplicaStats("r0", num_free_state_slots=8),
              ReplicaStats("r1", num_waiting=1, num_waiting_tokens=300, num_free_state_slots=8)]
     chosen = {}
     for weight in (1.0, 2.0):
-        policy = _prefix_policy(saved_weight=weight)
+        policy = _prefix_policy(saved_weight=weight, continuation_weight=1)
         for r in ("r0", "r1"):
             policy.index.record_sent(r, _conversation(0))
         policy.index.record_sent("r1", turn1)
