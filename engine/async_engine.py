@@ -26,7 +26,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable
 
@@ -160,7 +159,6 @@ class AsyncLLMEngine:
         self._view: LoadView | None = None
         self._cache_events: list = []  # from the reports, handed out by take_cache_events
         self._adds_sent = self._adds_taken = 0
-        self._pending_add_tokens: deque[int] = deque()  # prompt tokens of adds sent, not yet taken
         self._error: BaseException | None = None
         self._exited = False
         if backend_factory is None:
@@ -217,7 +215,6 @@ class AsyncLLMEngine:
                 raise ValueError(f"request id {request_id!r} is already running")
             self._streams[request_id] = stream
             self._adds_sent += 1
-            self._pending_add_tokens.append(len(prompt_token_ids))
         if not self.backend.send(("add", request_id, list(prompt_token_ids), params)):
             with self._lock:
                 self._streams.pop(request_id, None)
@@ -249,14 +246,13 @@ class AsyncLLMEngine:
 
     def load(self) -> LoadView:
         """The engine's load as of its last report; requests not yet taken by the engine count
-        as waiting, with all their prompt tokens."""
+        as waiting requests, not as waiting tokens: a router reads a report until its next poll,
+        by when such a request may have ended, and its prompt tokens would then weigh as load
+        on an idle replica (they moved conversations off their history:
+        tests/e2e/test_prefix_router.py)."""
         view = self._view or LoadView(0, 0, 0, 0, 0, 0, 0)
-        with self._lock:
-            pending = self._adds_sent - self._adds_taken
-            tokens = sum(self._pending_add_tokens) if pending > 0 else 0
-        if pending <= 0:
-            return view
-        return replace(view, num_waiting=view.num_waiting + pending, num_waiting_tokens=view.num_waiting_tokens + tokens)
+        pending = self._adds_sent - self._adds_taken
+        return replace(view, num_waiting=view.num_waiting + pending) if pending > 0 else view
 
     def check_health(self) -> None:
         if self._error is not None or self._exited or not self.backend.alive():
@@ -344,8 +340,6 @@ class AsyncLLMEngine:
                 pass
         with self._lock:
             self._adds_taken += report.num_adds
-            for _ in range(min(report.num_adds, len(self._pending_add_tokens))):
-                self._pending_add_tokens.popleft()
             if report.cache_events:  # a reader this far behind gets one "reset" and resyncs
                 from ..mem_cache import CacheEvent
 
