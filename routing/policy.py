@@ -310,13 +310,14 @@ class PrefixAwarePolicy:
         least = min(fill.values())
         return self._rng.choice([r for r in tied if fill[r] == least])
 
-    def _home_bonus(self, homes: list[str], saved: dict[str, int]) -> dict[str, float]:
+    def _home_bonus(self, homes: list[str], home_saved: int, saved: dict[str, int]) -> dict[str, float]:
         """A conversation's next turn: the replicas holding its whole previous prompt (its
-        home) count the history only they hold (`continuation_weight` - 1) times more."""
+        home, `home_saved` reusable there) count the history only they hold
+        (`continuation_weight` - 1) times more."""
         if not homes or self.continuation_weight == 1:
             return {}
         elsewhere = max((n for r, n in saved.items() if r not in homes), default=0)
-        extra = (self.continuation_weight - 1) * self.saved_weight * (saved[homes[0]] - elsewhere)
+        extra = (self.continuation_weight - 1) * self.saved_weight * (home_saved - elsewhere)
         return {r: extra for r in homes}
 
     def rank(self, request: RoutingRequest, replicas: Sequence[ReplicaStats]) -> Placement:
@@ -344,7 +345,7 @@ class PrefixAwarePolicy:
                 counts = {r.replica_id: self.num_new_conversations(r.replica_id) for r in replicas}
                 fewest = min(counts.values())
                 candidates = [r for r in replicas if counts[r.replica_id] <= fewest + self.conversation_slack]
-            bonus = self._home_bonus(homes, saved)
+            bonus = self._home_bonus(homes, top_saved, saved)
             scores = [(self.saved_weight * saved.get(r.replica_id, 0) + bonus.get(r.replica_id, 0)
                        - self._cost(r, extra.get(r.replica_id)), r.replica_id)
                       for r in candidates]

@@ -194,23 +194,29 @@ class BlockPrefixIndex:
     def restore_checkpoints(self, replica_id: str, hashes: Sequence[int]) -> None:
         """Rebuild `replica_id` from the checkpoints it reports it holds (the blocks ending at
         them; a chained hash stands for its whole prefix, which the replica's radix tree holds
-        while it holds the checkpoint). Everything predicted there before is forgotten."""
+        while it holds the checkpoint). Everything predicted there before is forgotten, prompt
+        ends too (a checkpoint does not say whether a prompt ended there): a conversation's
+        next turn there counts as a new conversation until its prompt is recorded again."""
         self.replicas.pop(replica_id, None)
         blocks = self._replica(replica_id)
         for h in hashes:
             blocks.touch(h, checkpoint=True)
 
-    def snapshot(self) -> dict[str, list[tuple[int, bool]]]:
-        """replica_id -> its blocks (hash, checkpoint at its end), oldest first: `load` rebuilds
-        an equal index."""
-        return {rid: list(r.blocks.items()) for rid, r in self.replicas.items()}
+    def snapshot(self) -> dict[str, list[tuple[int, bool, bool]]]:
+        """replica_id -> its blocks (hash, checkpoint at its end, ended a prompt), oldest first:
+        `load` rebuilds an equal index (a router's local copy starts from one: without the
+        prompt ends every later turn would look like a new conversation there)."""
+        return {rid: [(h, checkpoint, h in r.prompt_ends) for h, checkpoint in r.blocks.items()]
+                for rid, r in self.replicas.items()}
 
-    def load(self, snapshot: dict[str, list[tuple[int, bool]]]) -> None:
+    def load(self, snapshot: dict[str, list[tuple[int, bool, bool]]]) -> None:
         self.replicas = {}
         for replica_id, items in snapshot.items():
             blocks = self._replica(replica_id)
-            for h, checkpoint in items:
+            for h, checkpoint, ends_prompt in items:
                 blocks.touch(h, checkpoint)
+                if ends_prompt:
+                    blocks.add_prompt_end(h)
 
     def match(self, prompt_token_ids: Sequence[int]) -> dict[str, int]:
         hashes = self._usable_hashes(prompt_token_ids)

@@ -220,7 +220,7 @@ def test_a_next_turn_stays_home_unless_home_is_much_busier():
         assert not placement.new_conversation
         chosen[waiting] = placement.replica_id
     assert chosen == {300: "r1", 1000: "r0"}
-    assert policy._home_bonus([], {"r0": 1024}) == {}
+    assert policy._home_bonus([], 0, {"r0": 1024}) == {}
     with pytest.raises(ValueError, match="continuation_weight"):
         _prefix_policy(continuation_weight=0.5)
 

@@ -77,6 +77,13 @@ def test_local_copies_follow_the_log_or_a_snapshot():
     local = _copy(shared, version, local)
     for prompt in prompts:
         assert local.match(prompt) == shared.index.match(prompt) and set(local.match(prompt)) <= {"r0"}
+    ended = []
+    for prompt in prompts[0::2]:  # those sent to r0: a later turn continues the prompt, and the copy knows it
+        later_turn = prompt + [99] * 8
+        tokens = shared.index.match(later_turn)["r0"]
+        ended.append(local.ends_a_prompt("r0", later_turn, tokens))
+        assert ended[-1] == shared.index.ends_a_prompt("r0", later_turn, tokens)
+    assert all(ended)
 
 
 def test_silent_replicas_are_forgotten():
