@@ -8,13 +8,17 @@ Per batch size B: B prompts of `--prompt` tokens, `--tokens` greedy tokens each.
 run gives the continuations the synthetic drafter proposes; decode tok/s = B * (tokens - 1)
 / (end-to-end time - time to first token of the last request), i.e. prefill excluded.
 B = 64 runs with adaptive depth (the metric `spec_speedup_bs64_adaptive`), the others with
-K = 4 fixed. Dummy weights give near-tie next-token distributions, where bf16 rounding of the
-verify kernels vs the decode kernels flips greedy tokens and the speculative run leaves the
-plain run's path (then the drafter's "true continuation" is wrong): the LM head is sharpened
-(`--sharpen`, x16 as benchmarks/bf16_agreement.py) so distributions are peaked as in trained
-models; and at fixed K the drafter proposes the verify path's own greedy continuation
-(`--continuation verify`: a run with acceptance 0 first), so that its per-token acceptance is
-the configured one. Writes one JSON per metric (metric, value, baseline, device, commit, date).
+K = 4 fixed. Plain dummy weights give near-tie next-token distributions, where bf16 rounding of
+the verify kernels vs the decode kernels flips greedy tokens and the speculative run leaves the
+plain run's path (then the drafter's "true continuation" is wrong and the acceptance measured
+is not the one configured). So by default (`--weights peaked`) the dummy model is made to
+predict without ties, at the same shapes and cost: the token embedding is scaled up until it
+dominates the residual stream, and the LM head reads it back through a fixed random
+permutation (next token = perm(current token), a margin of ~90% of the top logit), so every
+kernel path computes the same greedy continuation. `--weights sharpened` is the older setting
+(LM head x`--sharpen`; with `--continuation verify` the drafter then proposes the verify path's
+own greedy tokens, from a run with acceptance 0 first).
+Writes one JSON per metric (metric, value, baseline, device, commit, date).
 """
 from __future__ import annotations
 
@@ -35,8 +39,31 @@ from model_configs import write_model_dir  # noqa: E402
 from hybrid_serve import LLM, SamplingParams  # noqa: E402
 
 
-def decode_rate(llm: LLM, prompts: list[list[int]], tokens: int) -> tuple[float, list[list[int]], float]:
-    """(decode tok/s excluding prefill, outputs, wall s)."""
+def peak_weights(model, seed: int = 0, scale: float = 2000.0) -> None:
+    """Dummy weights without near ties (see the module doc): embedding x `scale` (N(0, 0.02)
+    entries become ~40 against a residual contribution of a few units from all layers), LM
+    head = the unscaled embedding's rows in a fixed random order."""
+    emb = model.model.embed_tokens.weight
+    perm = torch.randperm(emb.shape[0], generator=torch.Generator().manual_seed(seed)).to(emb.device)
+    model.lm_head.weight.data.copy_(emb.data[perm])
+    emb.data.mul_(scale)
+
+
+def prepare_weights(llm: LLM, args) -> None:
+    if args.weights == "peaked":
+        peak_weights(llm.engine.model)
+    else:
+        llm.engine.model.lm_head.weight.data.mul_(args.sharpen)
+
+
+def decode_rate(llm: LLM, prompts: list[list[int]], tokens: int, one_at_a_time: bool = False
+                ) -> tuple[float, list[list[int]], float]:
+    """(decode tok/s excluding prefill, outputs, wall s); `one_at_a_time`: each prompt as its
+    own batch of 1, the rate over all of them."""
+    if one_at_a_time:
+        runs = [decode_rate(llm, [p], tokens) for p in prompts]
+        decode_s = sum((tokens - 1) / rate for rate, _, _ in runs)
+        return len(prompts) * (tokens - 1) / decode_s, [r[1][0] for r in runs], sum(r[2] for r in runs)
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -86,13 +113,19 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--acceptance", type=float, default=0.8)
     ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--sharpen", type=float, default=16.0, help="LM-head weight multiplier (1: none)")
+    ap.add_argument("--weights", default="peaked", choices=["peaked", "sharpened"],
+                    help="dummy weights made tie-free (peaked) or the LM head multiplied by --sharpen")
+    ap.add_argument("--sharpen", type=float, default=16.0, help="LM-head weight multiplier (--weights sharpened)")
     ap.add_argument("--dtype", default="bfloat16", help="bfloat16, or float32 (verify and decode kernels then "
                     "agree to rounding, so the plain run's continuation stays the true one)")
-    ap.add_argument("--continuation", default="verify", choices=["verify", "plain"],
+    ap.add_argument("--continuation", default="plain", choices=["verify", "plain"],
                     help="what the synthetic drafter proposes at fixed K: the verify path's own greedy tokens "
                          "(a run with acceptance 0 first) or the plain run's")
     ap.add_argument("--breakdown", action="store_true", help="wall vs GPU time of the first batch size's steps")
+    ap.add_argument("--bs1-prompts", type=int, default=4,
+                    help="batch 1 runs this many prompts one after another (the acceptance of one 128-token "
+                         "run varies by +-0.06 around its mean at 0.8 per token)")
+    ap.add_argument("--cprofile", action="store_true", help="print the host profile of one batch-1 speculative run")
     ap.add_argument("--verify-graphs", type=int, default=1, help="verify steps through CUDA graphs (1) or eagerly (0)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -103,11 +136,13 @@ def main() -> int:
                   enable_prefix_caching=False, gpu_memory_utilization=0.6)
     gen = torch.Generator().manual_seed(0)
     batches = [int(b) for b in args.batches.split(",")]
-    prompts = {b: [torch.randint(10, 30000, (args.prompt,), generator=gen).tolist() for _ in range(b)] for b in batches}
+    prompts = {b: [torch.randint(10, 30000, (args.prompt,), generator=gen).tolist()
+                   for _ in range(args.bs1_prompts if b == 1 else b)] for b in batches}
+    singles = lambda b: b == 1  # noqa: E731  (batch 1: the prompts one after another)
     plain = LLM(**engine)
-    plain.engine.model.lm_head.weight.data.mul_(args.sharpen)
+    prepare_weights(plain, args)
     decode_rate(plain, prompts[batches[0]][:1], 8)  # warm
-    base = {b: decode_rate(plain, prompts[b], args.tokens)[:2] for b in batches}
+    base = {b: decode_rate(plain, prompts[b], args.tokens, singles(b))[:2] for b in batches}
     del plain
     torch.cuda.empty_cache()
     continuations = {tuple(p): w for b in batches for p, w in zip(prompts[b], base[b][1])}
@@ -119,7 +154,7 @@ def main() -> int:
         spec_cfg = dict(method="synthetic", num_speculative_tokens=args.k, acceptance_rate=args.acceptance,
                         adaptive=adaptive, max_num_seqs=64, continuations=continuations)
         spec = LLM(**engine, speculative_config=spec_cfg, enable_verify_graphs=bool(args.verify_graphs))
-        spec.engine.model.lm_head.weight.data.mul_(args.sharpen)
+        prepare_weights(spec, args)
         decode_rate(spec, prompts[runs[0]][:1], 8)
         for batch in runs:
             if not adaptive and args.continuation == "verify":
@@ -129,31 +164,47 @@ def main() -> int:
                 # that continuation (near ties round differently in verify and decode kernels)
                 drafter = spec.engine.spec.drafter
                 drafter.acceptance_rate = 0.0
-                own = decode_rate(spec, prompts[batch], args.tokens)[1]
+                own = decode_rate(spec, prompts[batch], args.tokens, singles(batch))[1]
                 drafter.continuations.update({tuple(p): w for p, w in zip(prompts[batch], own)})
                 drafter.acceptance_rate = args.acceptance
             before = spec.engine.stats()
             graph_steps = spec.engine.runner.num_verify_graph_steps if spec.engine.runner is not None else 0
-            spec_rate, got, _ = decode_rate(spec, prompts[batch], args.tokens)
+            spec_rate, got, _ = decode_rate(spec, prompts[batch], args.tokens, singles(batch))
             if spec.engine.runner is not None:
                 graph_steps = spec.engine.runner.num_verify_graph_steps - graph_steps
             st = {k: v - before.get(k, 0) for k, v in spec.engine.stats().items() if k.startswith("spec_")}
             base_rate, want = base[batch]
+            depth = spec.engine.spec.depth
+            rates = {f"bs<={(1 << b) - 1}": dict(plain_tok_s=round(r.plain, 1), spec_tok_s=round(r.spec, 1),
+                                                 plain_steps=r.plain_steps, spec_steps=r.spec_steps)
+                     for b, r in sorted(depth._rates.items())}
             metric = f"spec_speedup_bs{batch}_adaptive" if adaptive else f"spec_speedup_bs{batch}_a08_k{args.k}"
             row = dict(metric=metric, value=round(spec_rate / base_rate, 3), unit="x", batch=batch,
                        spec_decode_tok_s=round(spec_rate, 1), baseline_decode_tok_s=round(base_rate, 1),
                        measured_acceptance=round(st["spec_accepted_tokens"] / max(st["spec_draft_tokens"], 1), 3),
-                       greedy_identical_fraction=sum(g == w for g, w in zip(got, want)) / batch,
-                       first16_identical=sum(g[:16] == w[:16] for g, w in zip(got, want)) / batch,
+                       greedy_identical_fraction=sum(g == w for g, w in zip(got, want)) / len(want),
+                       first16_identical=sum(g[:16] == w[:16] for g, w in zip(got, want)) / len(want),
                        verify_rows=st["spec_verify_rows"], verify_graph_steps=graph_steps, device=device,
-                       commit=commit,
+                       prompts=len(prompts[batch]), adaptive_depth_rates=rates if adaptive else None,
+                       commit=commit, tree=os.environ.get("TREE", commit),
                        date=datetime.date.today().isoformat(),
                        workload=f"{args.model} dummy {args.dtype}, {batch} prompts x {args.prompt} tokens, {args.tokens} "
                                 f"greedy tokens, synthetic drafter acceptance {args.acceptance}, K={args.k}"
-                                + (" adaptive" if adaptive else " fixed") + f", LM head x{args.sharpen:g}"
+                                + (" adaptive" if adaptive else " fixed")
+                                + (", peaked dummy weights" if args.weights == "peaked" else f", LM head x{args.sharpen:g}")
                                 + (", verify graphs" if args.verify_graphs else ", verify eager")
                                 + ("" if adaptive else f", drafts from the {args.continuation} run's continuation"),
                        baseline="no speculation, same engine settings, same run")
+            if args.cprofile and batch == 1:
+                import cProfile
+                import pstats
+
+                prof = cProfile.Profile()
+                prof.enable()
+                decode_rate(spec, prompts[batch][:1], args.tokens)
+                prof.disable()
+                pstats.Stats(prof).sort_stats("tottime").print_stats(35)
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
             if args.breakdown and batch == runs[0]:
                 row["step_breakdown"] = step_breakdown(spec, prompts[batch], 48)
             rows.append(row)
