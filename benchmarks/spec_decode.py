@@ -125,6 +125,7 @@ def main() -> int:
     ap.add_argument("--bs1-prompts", type=int, default=4,
                     help="batch 1 runs this many prompts one after another (the acceptance of one 128-token "
                          "run varies by +-0.06 around its mean at 0.8 per token)")
+    ap.add_argument("--adaptive-from", type=int, default=64, help="batch sizes from this one run with adaptive depth")
     ap.add_argument("--cprofile", action="store_true", help="print the host profile of one batch-1 speculative run")
     ap.add_argument("--verify-graphs", type=int, default=1, help="verify steps through CUDA graphs (1) or eagerly (0)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -148,7 +149,7 @@ def main() -> int:
     continuations = {tuple(p): w for b in batches for p, w in zip(prompts[b], base[b][1])}
     rows = []
     for adaptive in (False, True):
-        runs = [b for b in batches if (b >= 64) == adaptive]
+        runs = [b for b in batches if (b >= args.adaptive_from) == adaptive]
         if not runs:
             continue
         spec_cfg = dict(method="synthetic", num_speculative_tokens=args.k, acceptance_rate=args.acceptance,
@@ -167,6 +168,7 @@ def main() -> int:
                 own = decode_rate(spec, prompts[batch], args.tokens, singles(batch))[1]
                 drafter.continuations.update({tuple(p): w for p, w in zip(prompts[batch], own)})
                 drafter.acceptance_rate = args.acceptance
+            spec.engine.spec.depth.trace = []
             before = spec.engine.stats()
             graph_steps = spec.engine.runner.num_verify_graph_steps if spec.engine.runner is not None else 0
             spec_rate, got, _ = decode_rate(spec, prompts[batch], args.tokens, singles(batch))
@@ -179,6 +181,7 @@ def main() -> int:
                                                  plain_steps=r.plain_steps, spec_steps=r.spec_steps)
                      for b, r in sorted(depth._rates.items())}
             metric = f"spec_speedup_bs{batch}_adaptive" if adaptive else f"spec_speedup_bs{batch}_a08_k{args.k}"
+            trace, spec.engine.spec.depth.trace = spec.engine.spec.depth.trace, None
             row = dict(metric=metric, value=round(spec_rate / base_rate, 3), unit="x", batch=batch,
                        spec_decode_tok_s=round(spec_rate, 1), baseline_decode_tok_s=round(base_rate, 1),
                        measured_acceptance=round(st["spec_accepted_tokens"] / max(st["spec_draft_tokens"], 1), 3),
@@ -186,6 +189,8 @@ def main() -> int:
                        first16_identical=sum(g[:16] == w[:16] for g, w in zip(got, want)) / len(want),
                        verify_rows=st["spec_verify_rows"], verify_graph_steps=graph_steps, device=device,
                        prompts=len(prompts[batch]), adaptive_depth_rates=rates if adaptive else None,
+                       steps_ms=trace, verify_graph_sizes=list(getattr(getattr(spec.engine.runner, "verify_graphs", None),
+                                                                         "sizes", []) or []),
                        commit=commit, tree=os.environ.get("TREE", commit),
                        date=datetime.date.today().isoformat(),
                        workload=f"{args.model} dummy {args.dtype}, {batch} prompts x {args.prompt} tokens, {args.tokens} "

@@ -65,6 +65,7 @@ class AdaptiveDepth:
         self.min_steps, self.probe_steps, self.rate_decay = min_steps, probe_steps, rate_decay
         self._requests: dict[str, _Acceptance] = {}
         self._rates: dict[int, _Rates] = {}
+        self.trace: list[tuple] | None = None  # benchmarks: set to [] to record (kind, batch, tokens, s) per step
 
     def cap_batch_size(self, batch_size: int) -> None:
         """No speculation while more than `batch_size` requests run (on top of
@@ -83,6 +84,8 @@ class AdaptiveDepth:
         `seconds` (from the end of the previous step: host work included)."""
         if seconds <= 0:
             return
+        if self.trace is not None:
+            self.trace.append(("spec" if speculative else "plain", batch_size, num_tokens, round(seconds * 1e3, 3)))
         rates = self._rates.setdefault(self._bucket(batch_size), _Rates())
         rate = num_tokens / seconds
         if speculative:
