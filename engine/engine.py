@@ -260,9 +260,15 @@ class LLMEngine:
         self._inflight = None
         decode_rows = self.scheduler.decode_candidates()
         candidates = set(decode_rows)
-        drafts = self.spec.propose({r: k for r, k in wanted.items() if r in candidates})
+        wanted = {r: k for r, k in wanted.items() if r in candidates}
+        max_rows = min(self.spec.max_verify_rows, self.runner.verify_graphs.sizes[-1]) if self.verify_graph_k else 0
+        if self.verify_graph_k and len(decode_rows) <= max_rows and self.spec.config.method != "draft_model":
+            # the step pads every row to K drafts (below): a shorter depth would cost the same
+            # and yield less, so rows draft K (a draft model's extra drafts are not free: not it)
+            wanted = {r: max(k, min(self.verify_graph_k, r.params.max_tokens - r.num_output_tokens - 1))
+                      for r, k in wanted.items()}
+        drafts = self.spec.propose(wanted)
         if self.verify_graph_k:  # verify graphs replay steps whose rows all verify K drafts
-            max_rows = min(self.spec.max_verify_rows, self.runner.verify_graphs.sizes[-1])
             drafts = self.spec.pad(drafts, decode_rows, self.verify_graph_k, max_rows, self.max_model_len)
         chunks = self.scheduler.schedule(drafts)
         launched = self._launch(chunks)

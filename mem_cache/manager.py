@@ -166,10 +166,14 @@ class CacheManager:
             self.pages.free(alloc.pages[keep:])
             del alloc.pages[keep:]
 
-    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int]) -> None:
+    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int], kept_tokens: list[int],
+                        checkpoint_masks: list[int]) -> None:
         """After a verify step (before the next forward): state_slots[v] <- speculative scratch
-        [v, accepted_steps[v]] in every state layer (mem_cache/ops.py "commit")."""
-        self.pre_ops.commit_verified(state_slots=state_slots, accepted_steps=accepted_steps)
+        [v, accepted_steps[v]] in every state layer, or the kept tokens replayed over it
+        (mem_cache/ops.py "commit"). Checkpoints taken from the step's scratch (`checkpoint_from`)
+        must be issued after it."""
+        self.pre_ops.commit_verified(state_slots=state_slots, accepted_steps=accepted_steps,
+                                     kept_tokens=kept_tokens, checkpoint_masks=checkpoint_masks)
 
     def checkpoint_from(self, alloc: RequestAlloc, position: int, src_state_slot: int) -> bool:
         """Take a checkpoint of the request at `position` (a page boundary its computed tokens

@@ -6,8 +6,11 @@ step sees its old contents copied out before it is reset.
     ("kv", req_row, start_pos, kv_slots)  req_to_token[req_row, start_pos:...] = kv_slots
     ("reset", state_slot)                 zero a state slot (fresh request)
     ("copy", src_state_slot, dst_state_slot)  state and layout tag, every layer
-    ("commit", state_slots, accepted_steps)   after a verify step: state_slots[v] <- speculative
-                                          scratch[v, accepted_steps[v]] (StatePool.commit_verified)
+    ("commit", state_slots, accepted_steps, kept_tokens, checkpoint_masks)
+                                          after a verify step: state_slots[v] <- speculative
+                                          scratch[v, accepted_steps[v]], or (a verify step the
+                                          shard ran deferred) its kept tokens replayed
+                                          (StatePool.commit_verified)
 """
 from __future__ import annotations
 
@@ -33,19 +36,25 @@ class CacheOps:
     def copy(self, src_state_slot: int, dst_state_slot: int) -> None:
         self.ops.append(("copy", src_state_slot, dst_state_slot))
 
-    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int]) -> None:
+    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int], kept_tokens: list[int],
+                        checkpoint_masks: list[int]) -> None:
         """Verify rows v = 0.. in scratch order; state_slots[v] = -1 skips a row (finished or
-        aborted), accepted_steps[v] outside the scratch skips it too (all drafts accepted)."""
-        if len(state_slots) != len(accepted_steps):
-            raise ValueError(f"{len(state_slots)} state slots for {len(accepted_steps)} accepted steps")
-        self.ops.append(("commit", list(state_slots), list(accepted_steps)))
+        aborted), accepted_steps[v] outside the scratch skips its copy (all drafts accepted);
+        kept_tokens[v] (its own token + the accepted drafts) and checkpoint_masks[v] (bit s: a
+        checkpoint copies the state after token s from the scratch) serve a deferred commit."""
+        if not len(state_slots) == len(accepted_steps) == len(kept_tokens) == len(checkpoint_masks):
+            raise ValueError(f"{len(state_slots)} state slots for {len(accepted_steps)} accepted steps, "
+                             f"{len(kept_tokens)} kept token counts and {len(checkpoint_masks)} checkpoint masks")
+        self.ops.append(("commit", list(state_slots), list(accepted_steps), list(kept_tokens), list(checkpoint_masks)))
 
     def __bool__(self) -> bool:
         return bool(self.ops)
 
 
-def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool | None) -> None:
-    """Apply `ops` in order. The KV-table writes ("kv") are gathered and applied together at
+def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool | None,
+                    deferred_verify: bool = False) -> None:
+    """Apply `ops` in order. `deferred_verify`: the shard's last forward was a verify step that
+    deferred its GDN state updates (a commit then replays them). The KV-table writes ("kv") are gathered and applied together at
     the end (`RequestRowTable.set_kv_slots_many`: one copy and one scatter for the step): no
     other op reads the KV table, and writes to the same positions keep their order."""
     kv_writes = []
@@ -63,7 +72,8 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
                 state_pool.copy(op[1], op[2])
         elif kind == "commit":
             if state_pool is not None and op[1]:
-                state_pool.commit_verified(state_slots=op[1], accepted_steps=op[2])
+                state_pool.commit_verified(state_slots=op[1], accepted_steps=op[2], kept_tokens=op[3],
+                                           checkpoint_masks=op[4], deferred=deferred_verify)
         else:
             raise ValueError(f"unknown cache op {op!r}")
     if kv_writes:

@@ -27,6 +27,17 @@ same rows, viewed as `[L, scratch_rows, scratch_steps, ...]`, are the DESIGN's s
 After acceptance `commit_verified` copies `scratch[v, accepted]` into each row's slot in every
 layer at once. A row whose drafts were all accepted needs nothing (the in-place state after
 all K+1 tokens is right): its step is out of range and skipped, as is a row whose slot is <= 0.
+
+Gated DeltaNet states (`StateSpec.ssm_replay`) are written lazily instead when the verify step
+ran from a verify CUDA graph (`deferred`): the recurrent kernel records each token's k, v, g
+and beta in the replay buffers (`replay_k`, `replay_v`, `replay_gb`: [L, scratch_rows,
+scratch_steps + 1, ...], fp32) and leaves the slot as it was; `commit_verified` then replays
+the kept tokens over the slot (kernels/state_ops.replay_gdn_state), writing the scratch step
+of a checkpoint on the way. A verify step then moves each GDN state in and out once instead
+of writing it K + 1 times, and the commit copies none. (This departs from DESIGN.md's
+per-step state scratch for GDN: measured on an H200, the scratch writes doubled the state
+kernels' time of a verify step; see benchmarks/RESULTS.md.) Conv windows and Mamba2 states
+keep the scratch.
 """
 from __future__ import annotations
 
@@ -35,7 +46,9 @@ from dataclasses import dataclass
 import torch
 
 from ..device_io import to_device
-from ..kernels.state_ops import commit_verified_state, commit_verified_state_ref
+from ..kernels.state_ops import (
+    commit_verified_state, commit_verified_state_ref, replay_gdn_state, replay_gdn_state_ref,
+)
 from ..kernels.switch import use_triton
 
 
@@ -48,6 +61,7 @@ class StateSpec:
     ssm_shape: tuple[int, ...] | None
     conv_dtype: torch.dtype
     ssm_dtype: torch.dtype = torch.float32
+    ssm_replay: bool = False  # Gated DeltaNet: verify graphs defer the state update (module doc)
 
     def bytes_per_slot(self, num_layers: int) -> int:
         conv = self.conv_dim * self.conv_width * torch.empty((), dtype=self.conv_dtype).element_size()
@@ -78,6 +92,27 @@ class StatePool:
         if spec.ssm_shape is not None:
             self.ssm_states = torch.zeros(num_layers, total, *spec.ssm_shape, dtype=spec.ssm_dtype, device=device)
         self.layout_tag = torch.zeros(total, dtype=torch.int8, device=device)
+        self.replay_k = self.replay_v = self.replay_gb = None
+        if spec.ssm_replay and spec.ssm_shape is not None and scratch_rows and scratch_steps:
+            hv, dk, dv = spec.ssm_shape
+            lead = (num_layers, scratch_rows, scratch_steps + 1)
+            self.replay_k = torch.zeros(*lead, hv, dk, dtype=torch.float32, device=device)
+            self.replay_v = torch.zeros(*lead, hv, dv, dtype=torch.float32, device=device)
+            self.replay_gb = torch.zeros(*lead, 2, hv, dtype=torch.float32, device=device)
+
+    @property
+    def defers_verify(self) -> bool:
+        """Whether verify graphs defer this pool's SSM updates to the commit (GDN)."""
+        return self.replay_k is not None
+
+    def layer_replay(self, layer_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The replay buffers (k, v, gb; [scratch_rows, scratch_steps + 1, ...]) of the layer whose
+        SSM states `layer_states` (= ssm_states[l]) are: the deferred verify kernel's `replay`."""
+        per_layer = self.ssm_states.stride(0) * self.ssm_states.element_size()
+        layer, rest = divmod(layer_states.data_ptr() - self.ssm_states.data_ptr(), per_layer)
+        if rest or not 0 <= layer < self.num_layers or layer_states.shape != self.ssm_states.shape[1:]:
+            raise ValueError("layer_states must be one layer of this pool's ssm_states")
+        return self.replay_k[layer], self.replay_v[layer], self.replay_gb[layer]
 
     # ----- speculative scratch -----------------------------------------------------------
     def scratch_slot(self, verify_row: int, step: int) -> int:
@@ -97,29 +132,49 @@ class StatePool:
         return states[:, self.num_slots + 1:].view(states.shape[0], self.scratch_rows, self.scratch_steps,
                                                    *states.shape[2:])
 
-    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int]) -> None:
+    def commit_verified(self, *, state_slots: list[int], accepted_steps: list[int],
+                        kept_tokens: list[int] | None = None, checkpoint_masks: list[int] | None = None,
+                        deferred: bool = False) -> None:
         """After a verify step, in every state layer (conv windows and SSM states) and with the
         layout tag: `state_slots[v] <- scratch[v, accepted_steps[v]]` for each verify row v
         (host lists, V <= scratch_rows). A row with state_slots[v] <= 0 (finished / aborted) or
         accepted_steps[v] outside [0, scratch_steps) (all drafts accepted: the in-place state is
-        right) is skipped. One copy to the device carries the values and the tags' moves."""
+        right) is skipped. One copy to the device carries the values and the tags' moves.
+
+        `deferred` (the step ran from a verify graph and `defers_verify`): the SSM states are
+        instead replayed over each row's `kept_tokens[v]` tokens (its own + the accepted drafts),
+        and bit s of `checkpoint_masks[v]` also writes the state after token s to scratch[v, s],
+        where a checkpoint's copy reads it (so checkpoint copies go after the commit)."""
         if len(state_slots) != len(accepted_steps):
             raise ValueError(f"{len(state_slots)} state slots for {len(accepted_steps)} accepted steps")
+        replay = deferred and self.defers_verify
+        if replay and (kept_tokens is None or checkpoint_masks is None
+                       or not len(kept_tokens) == len(checkpoint_masks) == len(state_slots)):
+            raise ValueError("a deferred commit needs kept_tokens and checkpoint_masks for every verify row")
         rows = len(state_slots)
         if rows > self.scratch_rows:
             raise ValueError(f"{rows} verify rows, the scratch has {self.scratch_rows}")
         if rows == 0 or self.scratch_steps == 0:
             return
         dst, src = self.tag_moves_of(state_slots, accepted_steps)
-        values = to_device(list(state_slots) + list(accepted_steps) + dst + src, torch.int64,
+        extra = list(kept_tokens) + list(checkpoint_masks) if replay else []
+        values = to_device(list(state_slots) + list(accepted_steps) + extra + dst + src, torch.int64,
                            self.conv_states.device)
         slots_d, steps_d = values[:rows], values[rows : 2 * rows]
-        commit = commit_verified_state if use_triton(self.conv_states) else commit_verified_state_ref
+        triton_path = use_triton(self.conv_states)
+        commit = commit_verified_state if triton_path else commit_verified_state_ref
         for states in (self.conv_states, self.ssm_states):
-            if states is not None and states[0, 0].numel():
+            if states is None or not states[0, 0].numel():
+                continue
+            if replay and states is self.ssm_states:
+                kept_d, masks_d = values[2 * rows : 3 * rows], values[3 * rows : 4 * rows]
+                (replay_gdn_state if triton_path else replay_gdn_state_ref)(
+                    states[:, : self.num_slots + 1], self._scratch_view(states), self.replay_k, self.replay_v,
+                    self.replay_gb, slots_d, kept_d, masks_d)
+            else:
                 commit(states[:, : self.num_slots + 1], self._scratch_view(states), slots_d, steps_d)
         if dst:  # the tag moves with the state
-            moved = values[2 * rows :]
+            moved = values[2 * rows + len(extra) :]
             self.layout_tag[moved[: len(dst)]] = self.layout_tag[moved[len(dst) :]]
 
     def tag_moves_of(self, state_slots: list[int], accepted_steps: list[int]) -> tuple[list[int], list[int]]:

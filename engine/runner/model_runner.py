@@ -20,6 +20,7 @@ from ...kernels.attention import warm_up_paged_attention
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
 from ...models.layers.attention import PagedAttention
+from ...models.layers.ops import verify_graph_defers_state
 from .cuda_graph import DecodeGraphs, decode_meta
 from .piecewise_graph import PiecewiseGraphs, piecewise_sizes
 from .step_plan import MtpPlan, StepPlan
@@ -43,6 +44,9 @@ class ModelRunner:
         self.decode_graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None
         self.num_verify_graph_steps = 0  # verify steps replayed from a graph (the rest ran eagerly)
+        # the last forward was a verify graph step that left its GDN states to the next commit
+        # (models/layers/ops.py verify_graph_defers_state; mem_cache/state_pool.py)
+        self.deferred_verify = False
         self.piecewise: PiecewiseGraphs | None = None
         # MTP drafting reads the last forward's final hidden states ([T, H], token order)
         self.keep_hidden = getattr(model, "mtp", None) is not None
@@ -184,7 +188,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> torch.Tensor | None:
         """Returns fp32 logits [plan.num_logits, V], or None when nothing samples."""
-        apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool)
+        apply_cache_ops(plan.pre_ops, self.req_table, self.state_pool, deferred_verify=self.deferred_verify)
         if plan.mtp is not None:  # a drafting pass instead of a forward
             drafts = self.run_mtp(plan.mtp)
             apply_cache_ops(plan.post_ops, self.req_table, self.state_pool)
@@ -197,6 +201,8 @@ class ModelRunner:
             verify_size = None
             if size is None and self.verify_graphs is not None and plan.sample_counts:
                 verify_size = self.verify_graphs.verify_fits(plan.extend_lens, plan.sample_counts, plan.checkpoints)
+            self.deferred_verify = verify_size is not None and \
+                verify_graph_defers_state(self.state_pool, self.verify_graphs.tokens_per_row)
             if size is not None:
                 logits = self._logits_graph(plan, size)
             elif verify_size is not None:

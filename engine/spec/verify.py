@@ -5,10 +5,15 @@ and the k drafts; the step sampled the target at each of the k+1 positions (t0..
 
     a = greedy_accepted_length(d, t)          drafts kept (0..k); outputs t0..ta, cut at a stop
     r's state  <- scratch[v, a]               one commit op over every state layer (a == k: the
-                                              in-place state, after all k+1 tokens, is right)
+                                              in-place state, after all k+1 tokens, is right);
+                                              GDN states of a step run from a verify graph: the
+                                              a + 1 kept tokens replayed over the slot instead
+                                              (mem_cache/state_pool.py)
     computed   += a                           (the step's own token was counted at launch)
     KV pages past computed + 1 positions      released (they hold rejected drafts)
     checkpoint at each interval the accepted tokens reached, copied from scratch[v, q - 1]
+                                              (after the commit, which writes that step's GDN
+                                              state there when it replays)
     finished / aborted rows                   skipped (state slot -1): never written to slot 0
 
 The ops go to the cache manager's pre-ops, applied by every shard before the next forward,
@@ -54,8 +59,9 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
     cache, setup, interval = engine.cache, engine.pool_setup, engine.config.state_checkpoint_interval
     num_scratch = sum(v is not None for v in rows.scratch_rows)
     commit_slots, commit_steps = [-1] * num_scratch, [-1] * num_scratch
+    kept_tokens, checkpoint_masks = [0] * num_scratch, [0] * num_scratch
     has_scratch = setup.scratch_rows > 0
-    outputs, cursor = [], 0
+    outputs, cursor, checkpoints = [], 0, []
     for req, drafts, v in zip(rows.requests, rows.drafts, rows.scratch_rows):
         first, cursor = cursor, cursor + len(drafts) + 1
         if req.finished:  # aborted, or ended by the step before: its row is skipped
@@ -82,15 +88,25 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
         if v is not None and has_scratch:
             # all k accepted: the in-place state is right (scratch step k was never written)
             commit_slots[v], commit_steps[v] = req.alloc.state_slot, accepted if accepted < len(drafts) else -1
+            kept_tokens[v] = accepted + 1
         cache.trim_kv(req.alloc, req.num_computed_tokens + 1)
         if engine.config.enable_prefix_caching and drafts:
             end = start + accepted + 1  # tokens computed now
+            taken = []
             for q in range((start // interval + 1) * interval, end + 1, interval):
                 step = q - start - 1  # the state after position q-1 = after the row's token `step`
-                src = setup.scratch_slot(v, step) if has_scratch and step < len(drafts) else req.alloc.state_slot
-                cache.checkpoint_from(req.alloc, q, src)
-            if req.alloc.pending_checkpoints:
-                cache.commit_checkpoints(req.alloc, req.token_ids)
+                if has_scratch and step < len(drafts):
+                    taken.append((q, setup.scratch_slot(v, step)))
+                    checkpoint_masks[v] |= 1 << step
+                else:
+                    taken.append((q, req.alloc.state_slot))
+            checkpoints.append((req, taken))
     if any(slot > 0 for slot in commit_slots):
-        cache.commit_verified(state_slots=commit_slots, accepted_steps=commit_steps)
+        cache.commit_verified(state_slots=commit_slots, accepted_steps=commit_steps, kept_tokens=kept_tokens,
+                              checkpoint_masks=checkpoint_masks)
+    for req, taken in checkpoints:  # copied after the commit: it may write their states (see above)
+        for q, src in taken:
+            cache.checkpoint_from(req.alloc, q, src)
+        if req.alloc.pending_checkpoints:
+            cache.commit_checkpoints(req.alloc, req.token_ids)
     return outputs

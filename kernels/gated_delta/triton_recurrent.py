@@ -13,6 +13,12 @@ place, or, in verify mode, written after EVERY token to intermediate_states[b, s
 the pool left untouched unless `update_pool` (then the pool also gets the state after the
 row's last token: the scratch keeps the states a rejected draft rolls back to). With FUSED_GATING the program computes g and beta itself from the
 raw projections a, b (as kernels/gated_delta/triton_gating.py does; one launch less per layer).
+
+In deferred verify mode (`replay`) it writes no state at all: per token it records what the
+update consumed (k after its L2 norm, v, g, beta; fp32) in the replay buffers, and after
+acceptance `kernels/state_ops.replay_gdn_state` re-runs the update over the kept tokens from
+the untouched slot. A verify step then moves each state once in and once out (plus the read
+here) instead of writing it after every token.
 """
 from __future__ import annotations
 
@@ -23,24 +29,27 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
-    next_pow2, verify_scratch,
+    max_seqlen, next_pow2, verify_scratch,
 )
 from .._launch import install_fast_launch
 from .._triton_common import varlen_row
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
-@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr", "inter_rows", "inter_steps"])
+@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr", "inter_rows", "inter_steps", "replay_rows", "replay_steps"])
 def _gated_delta_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, states_ptr, slots_ptr, cu_ptr, inter_ptr, a_log_ptr, dt_bias_ptr,
-    scale, num_slots, inter_rows, inter_steps,
+    rk_ptr, rv_ptr, rgb_ptr,
+    scale, num_slots, inter_rows, inter_steps, replay_rows, replay_steps,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_v_t, stride_v_h,
     stride_g_t, stride_g_h, stride_b_t, stride_b_h, stride_o_t, stride_o_h,
     stride_s_n, stride_s_h, stride_s_k,
     stride_i_b, stride_i_s, stride_i_h, stride_i_k,
+    stride_rk_b, stride_rk_s, stride_rk_h, stride_rv_b, stride_rv_s, stride_rv_h,
+    stride_rg_b, stride_rg_s, stride_rg_x,
     NUM_V_HEADS: tl.constexpr, HEADS_PER_K: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, VERIFY: tl.constexpr,
-    FUSED_GATING: tl.constexpr, WRITE_POOL: tl.constexpr,
+    FUSED_GATING: tl.constexpr, WRITE_POOL: tl.constexpr, DEFER: tl.constexpr,
 ):
     pid_v, b, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // HEADS_PER_K
@@ -70,6 +79,17 @@ def _gated_delta_recurrent_kernel(
             q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
             k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
         q = q * scale
+        if DEFER:  # what the update below consumes, for replay_gdn_state
+            step = t - start
+            rec = (step < replay_steps) & (b < replay_rows)
+            tl.store(rv_ptr + b.to(tl.int64) * stride_rv_b + step * stride_rv_s + hv * stride_rv_h + offs_v, v,
+                     mask=mask_v & rec)
+            first = rec & (pid_v == 0)
+            tl.store(rk_ptr + b.to(tl.int64) * stride_rk_b + step * stride_rk_s + hv * stride_rk_h + offs_k, k,
+                     mask=mask_k & first)
+            gb = rgb_ptr + b.to(tl.int64) * stride_rg_b + step * stride_rg_s + hv
+            tl.store(gb, g, mask=first)
+            tl.store(gb + stride_rg_x, beta, mask=first)
         state = state * tl.exp(g)
         kv_mem = tl.sum(state * k[:, None], axis=0)  # [BV] = S^T k
         delta = (v - kv_mem) * beta
@@ -92,7 +112,7 @@ def gated_delta_rule_recurrent(
     state_slots: torch.Tensor, cu_seqlens: torch.Tensor, scale: float | None = None, use_qk_l2norm: bool = True,
     intermediate_states: torch.Tensor | None = None, out: torch.Tensor | None = None, block_v: int | None = None,
     num_warps: int | None = None, gating: tuple[torch.Tensor, torch.Tensor] | None = None,
-    update_pool: bool | None = None,
+    update_pool: bool | None = None, replay: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Gated delta rule over a varlen batch, token by token (decode, verify, short prefill).
 
@@ -107,7 +127,11 @@ def gated_delta_rule_recurrent(
     written unless update_pool; update_pool: with a scratch, also write each row's final
     state to its slot (default: only without a scratch); out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
     dims per program, 4 warps); gating: optional (A_log [HV], dt_bias [HV]): then g and beta
-    are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself.
+    are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself;
+    replay: optional (k [B_r >= B, S_r, HV, Dk], v [B_r, S_r, HV, Dv], gb [B_r, S_r, 2, HV]),
+    fp32, last dims contiguous: deferred verify, S_r >= the longest row: [b, s] receives what
+    token s of row b fed the update (k L2-normalised, v, g, beta) and NO state is written
+    (not the pool, no scratch); kernels/state_ops.replay_gdn_state applies the kept tokens.
     Returns o: [T, HV, Dv] in v's dtype.
     """
     check_launch_device("gated_delta_rule_recurrent", q)
@@ -139,7 +163,23 @@ def gated_delta_rule_recurrent(
     o = out if out is not None else torch.empty((num_tokens, num_v_heads, dv), dtype=v.dtype, device=v.device)
     check_tensor("out", o, ndim=3, shape=(num_tokens, num_v_heads, dv), dtypes=FLOAT_DTYPES, device=q.device)
     verify = intermediate_states is not None
-    write_pool = not verify if update_pool is None else bool(update_pool)
+    defer = replay is not None
+    if defer and (verify or update_pool):
+        raise ValueError("replay (deferred verify) writes no state: pass neither intermediate_states nor update_pool")
+    write_pool = not (verify or defer) if update_pool is None else bool(update_pool)
+    if defer:
+        rk, rv, rgb = replay
+        for name, t, step_shape in (("replay k", rk, (num_v_heads, dk)), ("replay v", rv, (num_v_heads, dv)),
+                                    ("replay gb", rgb, (2, num_v_heads))):
+            check_tensor(name, t, ndim=4, dtypes=(torch.float32,), shape=(None, rk.shape[1], *step_shape),
+                         device=q.device)
+        if rk.shape[0] < batch or rv.shape[0] < rk.shape[0] or rgb.shape[0] < rk.shape[0]:
+            raise ValueError(f"replay buffers have {rk.shape[0]} rows for a batch of {batch}")
+        longest = max_seqlen(cu_seqlens)
+        if longest is not None and longest > rk.shape[1]:
+            raise ValueError(f"a row has {longest} tokens but the replay buffers keep {rk.shape[1]} steps")
+    else:
+        rk = rv = rgb = q.new_empty(0, 1, 1, 1, dtype=torch.float32)
     inter = verify_scratch("intermediate_states", intermediate_states, (num_v_heads, dk, dv), batch, cu_seqlens,
                            ssm_states, update_pool=verify and write_pool)
     if verify and inter.stride(3) != dv and dk > 1:
@@ -153,15 +193,18 @@ def gated_delta_rule_recurrent(
     num_warps = num_warps or (1 if block_k * block_v <= 2048 else 4)
     grid = (triton.cdiv(dv, block_v), batch, num_v_heads)
     _gated_delta_recurrent_kernel[grid](
-        q, k, v, g, beta, o, ssm_states, state_slots, cu_seqlens, inter, a_log, dt_bias,
+        q, k, v, g, beta, o, ssm_states, state_slots, cu_seqlens, inter, a_log, dt_bias, rk, rv, rgb,
         dk ** -0.5 if scale is None else float(scale), ssm_states.shape[0], inter.shape[0], inter.shape[1],
+        rk.shape[0], rk.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1), o.stride(0), o.stride(1),
         ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2),
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
+        rk.stride(0), rk.stride(1), rk.stride(2), rv.stride(0), rv.stride(1), rv.stride(2),
+        rgb.stride(0), rgb.stride(1), rgb.stride(2),
         NUM_V_HEADS=num_v_heads, HEADS_PER_K=num_v_heads // num_k_heads, DK=dk, DV=dv,
         BK=block_k, BV=block_v, USE_L2NORM=use_qk_l2norm, VERIFY=verify, FUSED_GATING=gating is not None,
-        WRITE_POOL=write_pool, num_warps=num_warps,
+        WRITE_POOL=write_pool, DEFER=defer, num_warps=num_warps,
     )
     return o
 

@@ -66,6 +66,7 @@ class GatedDeltaNetBase(nn.Module):
             ssm_shape=(hv, hf_config.linear_key_head_dim, hf_config.linear_value_head_dim),
             conv_dtype=dtype,
             ssm_dtype=ssm_dtype,
+            ssm_replay=True,
         )
 
     def mix(self, mixed_qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,

@@ -207,6 +207,23 @@ def _verify_kwargs(fb: ForwardBatch, ssm_states: torch.Tensor) -> dict:
     return dict(intermediate_states=fb.state_pool.layer_scratch(ssm_states), update_pool=True)
 
 
+def verify_graph_defers_state(state_pool, tokens_per_row: int) -> bool:
+    """Whether a verify graph's step of `tokens_per_row` tokens a row leaves its GDN states to
+    the commit (the recurrent kernel's deferred mode, `_gdn_verify_kwargs`): the shard passes
+    this to the next commit (mem_cache/ops.py)."""
+    return (state_pool is not None and state_pool.defers_verify and tokens_per_row <= RECURRENT_MAX_TOKENS
+            and use_triton(state_pool.ssm_states))
+
+
+def _gdn_verify_kwargs(fb: ForwardBatch, ssm_states: torch.Tensor) -> dict:
+    """The recurrent GDN kernel's verify mode: deferred (`replay`: no state written, the commit
+    replays the kept tokens; mem_cache/state_pool.py) where the pool keeps replay buffers,
+    else the scratch mode of `_verify_kwargs`."""
+    if fb.spec_scratch_steps and fb.state_pool.defers_verify:
+        return dict(replay=fb.state_pool.layer_replay(ssm_states))
+    return _verify_kwargs(fb, ssm_states)
+
+
 @varlen_op(lambda a: (tuple(a["x"].shape), a["x"].dtype))
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_states: torch.Tensor,
                   fb: ForwardBatch, activation: str | None, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -256,7 +273,7 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
         if _chunked(fb):
             return _gdn_chunked(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out)
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
-                                               use_qk_l2norm=use_qk_l2norm, out=out, **_verify_kwargs(fb, ssm_states))
+                                               use_qk_l2norm=use_qk_l2norm, out=out, **_gdn_verify_kwargs(fb, ssm_states))
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
                                             use_qk_l2norm=use_qk_l2norm, checkpoints=fb.checkpoints)
 
@@ -271,7 +288,7 @@ def gated_delta_rule_from_projections(q: torch.Tensor, k: torch.Tensor, v: torch
     if use_triton(q) and not _chunked(fb):
         return _gdn.gated_delta_rule_recurrent(q, k, v, a, b, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, gating=(A_log, dt_bias), out=out,
-                                               **_verify_kwargs(fb, ssm_states))
+                                               **_gdn_verify_kwargs(fb, ssm_states))
     g, beta = gdn_gating(a, b, A_log, dt_bias)
     if use_triton(q):  # (chunked) decode rows of a mixed step gate as a decode step does: raw a, b
         return _gdn_chunked(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out, short_gates=(a, b, (A_log, dt_bias)))

@@ -129,6 +129,53 @@ def test_may_speculate_soon_predicts_the_next_steps_without_changing_them():
     assert AdaptiveDepth(4, adaptive=False).may_speculate_soon(64)
 
 
+def test_deferred_commit_replays_gdn_states_and_copies_conv_windows():
+    """A GDN pool (ssm_replay) after a verify step run deferred: each row's slot gets its kept
+    tokens' updates replayed over it (the state it held before the step), the checkpoint step
+    its mask names goes to the scratch, conv windows are copied from the scratch as before; the
+    same op after an eager verify step (deferred_verify=False) copies the SSM scratch too."""
+    hv, dk, dv, layers, steps = 2, 3, 4, 2, 3
+    spec = StateSpec(conv_dim=3, conv_width=2, ssm_shape=(hv, dk, dv), conv_dtype=torch.float32, ssm_replay=True)
+    pool = StatePool(4, layers, spec, "cpu", scratch_rows=2, scratch_steps=steps)
+    assert pool.defers_verify and pool.replay_k.shape == (layers, 2, steps + 1, hv, dk)
+    gen = torch.Generator().manual_seed(0)
+    for t in (pool.conv_states, pool.ssm_states, pool.replay_k, pool.replay_v):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    pool.replay_gb[..., 0, :] = -torch.rand(pool.replay_gb[..., 0, :].shape, generator=gen)  # g <= 0
+    pool.replay_gb[..., 1, :] = torch.rand(pool.replay_gb[..., 1, :].shape, generator=gen)  # beta
+    assert pool.layer_replay(pool.ssm_states[1])[0].data_ptr() == pool.replay_k[1].data_ptr()
+    before = pool.ssm_states.clone(), pool.conv_states.clone()
+
+    def replayed(row, slot, n):
+        s = before[0][:, slot].clone()
+        out = []
+        for t in range(n):
+            k, v = pool.replay_k[:, row, t], pool.replay_v[:, row, t]
+            g, beta = pool.replay_gb[:, row, t, 0], pool.replay_gb[:, row, t, 1]
+            s = s * g.exp()[..., None, None]
+            s = s + k[..., :, None] * ((v - torch.einsum("lhkv,lhk->lhv", s, k)) * beta[..., None])[..., None, :]
+            out.append(s.clone())
+        return out
+
+    # row 0 -> slot 3, 2 tokens kept (1 draft), checkpoint after token 0; row 1 -> slot 1, all 4 kept
+    ops = CacheOps()
+    ops.commit_verified(state_slots=[3, 1], accepted_steps=[1, -1], kept_tokens=[2, 4], checkpoint_masks=[0b1, 0])
+    apply_cache_ops(ops, None, pool, deferred_verify=True)
+    row0, row1 = replayed(0, 3, 2), replayed(1, 1, 4)
+    assert torch.allclose(pool.ssm_states[:, 3], row0[-1], atol=1e-6)
+    assert torch.allclose(pool.ssm_states[:, 1], row1[-1], atol=1e-6)
+    assert torch.allclose(pool.ssm_states[:, pool.scratch_slot(0, 0)], row0[0], atol=1e-6)
+    assert torch.equal(pool.ssm_states[:, [0, 2, 4]], before[0][:, [0, 2, 4]])
+    assert torch.equal(pool.conv_states[:, 3], before[1][:, pool.scratch_slot(0, 1)])  # conv: copied
+    assert torch.equal(pool.conv_states[:, 1], before[1][:, 1])  # all accepted: in place
+    eager = StatePool(4, layers, spec, "cpu", scratch_rows=2, scratch_steps=steps)
+    eager.ssm_states.copy_(before[0])
+    eager.commit_verified(state_slots=[3, 1], accepted_steps=[1, -1], kept_tokens=[2, 4], checkpoint_masks=[1, 0])
+    assert torch.equal(eager.ssm_states[:, 3], before[0][:, eager.scratch_slot(0, 1)])
+    with pytest.raises(ValueError, match="kept_tokens and checkpoint_masks"):
+        pool.commit_verified(state_slots=[3], accepted_steps=[1], deferred=True)
+
+
 def test_commit_verified_moves_every_layer_and_the_tag():
     spec = StateSpec(conv_dim=3, conv_width=2, ssm_shape=(2, 2), conv_dtype=torch.float32)
     pool = StatePool(4, 3, spec, "cpu", scratch_rows=3, scratch_steps=2)
@@ -138,8 +185,9 @@ def test_commit_verified_moves_every_layer_and_the_tag():
     before = [pool.conv_states.clone(), pool.ssm_states.clone(), pool.layout_tag.clone()]
     ops = CacheOps()
     # verify row 0 -> slot 3 from step 1; row 1 finished (-1); row 2 all accepted (step -1)
-    ops.commit_verified(state_slots=[3, -1, 2], accepted_steps=[1, 0, -1])
-    apply_cache_ops(ops, None, pool)
+    ops.commit_verified(state_slots=[3, -1, 2], accepted_steps=[1, 0, -1], kept_tokens=[2, 0, 3],
+                        checkpoint_masks=[0, 0, 0])
+    apply_cache_ops(ops, None, pool, deferred_verify=True)  # a pool without replay buffers copies anyway
     scratch = pool.scratch_slot(0, 1)
     assert scratch == 4 + 1 + 0 * 2 + 1
     for old, new in zip(before[:2], (pool.conv_states, pool.ssm_states)):

@@ -167,3 +167,86 @@ def test_gdn_verify_with_pool_update_keeps_all_but_the_last_step_and_updates_the
     for row, n in enumerate(lens):
         assert torch.equal(scratch[row, : min(n, 3)], full[row, : min(n, 3)])
         assert torch.isnan(scratch[row, n:]).all()
+
+
+@pytest.mark.parametrize("gating", [False, True], ids=["gates", "fused-gating"])
+@pytest.mark.parametrize("heads", [(1, 2), (2, 4)], ids=["mha-ish", "gqa2"])
+def test_gdn_deferred_verify_then_replay_equals_the_scratch_path(gating, heads):
+    """Deferred verify (`replay`) writes no state and gives the scratch path's outputs; then
+    replay_gdn_state over each row's kept tokens leaves in its slot the state the scratch held
+    after its last kept token, writes the checkpoint steps its mask names to the scratch, and
+    agrees with replay_gdn_state_ref."""
+    from hybrid_serve.kernels.state_ops import replay_gdn_state, replay_gdn_state_ref
+
+    lens, slots, (H, HV), Dk, Dv, S = [5, 1, 3, 5], [2, 5, -1, 3], heads, 8, 16, 5
+    q, k, v, gate, beta, pool = _inputs(lens, slots, H, HV, Dk, Dv, torch.float32, 6)
+    kw = {}
+    if gating:
+        g = torch.Generator().manual_seed(3)
+        kw["gating"] = (torch.randn(HV, generator=g).to(DEVICE), torch.randn(HV, generator=g).to(DEVICE))
+        gate, beta = gate * 4, beta * 4 - 2  # raw projections a, b
+    slots_t, cu = torch.tensor(slots, dtype=torch.int32, device=DEVICE), cu_seqlens(lens)
+    full = torch.full((4, S, HV, Dk, Dv), float("nan"), device=DEVICE)
+    want_o = gated_delta_rule_recurrent(q, k, v, gate, beta, pool.clone(), slots_t, cu, intermediate_states=full, **kw)
+    rk, rv = torch.full((4, S, HV, Dk), float("nan"), device=DEVICE), torch.full((4, S, HV, Dv), float("nan"), device=DEVICE)
+    rgb = torch.full((4, S, 2, HV), float("nan"), device=DEVICE)
+    deferred = pool.clone()
+    o = gated_delta_rule_recurrent(q, k, v, gate, beta, deferred, slots_t, cu, replay=(rk, rv, rgb), **kw)
+    assert torch.equal(o, want_o)
+    assert torch.equal(deferred.isnan(), pool.isnan()) and torch.equal(deferred.nan_to_num(), pool.nan_to_num())
+
+    kept, masks = [3, 1, 2, 5], [0b10, 0b1, 0b1, 0b1001]  # tokens kept per row; checkpoint steps
+    scratch = torch.full((1, 4, S - 1, HV, Dk, Dv), float("nan"), device=DEVICE)  # K = S - 1 steps, as the pool's
+    args = [torch.tensor(x, dtype=torch.int64, device=DEVICE) for x in (slots, kept, masks)]
+    ref_pool, ref_scratch = deferred.cpu().clone(), scratch.cpu().clone()
+    replay_gdn_state(deferred[None], scratch, rk[None], rv[None], rgb[None], *args)
+    replay_gdn_state_ref(ref_pool[None], ref_scratch, rk[None].cpu(), rv[None].cpu(), rgb[None].cpu(),
+                         *[a.cpu() for a in args])
+    for row, (slot, n, mask) in enumerate(zip(slots, kept, masks)):
+        if slot < 0:
+            assert torch.isnan(scratch[0, row]).all()
+            continue
+        assert rel_err(deferred[slot], full[row, n - 1]) < 1e-5, row
+        assert rel_err(ref_pool[slot], full[row, n - 1].cpu()) < 1e-5, row
+        for t in range(S - 1):
+            if (mask >> t) & 1 and t < n:
+                assert rel_err(scratch[0, row, t], full[row, t]) < 1e-5, (row, t)
+            else:
+                assert torch.isnan(scratch[0, row, t]).all(), (row, t)
+    untouched = [s for s in range(7) if s not in slots]
+    assert torch.equal(deferred[untouched].isnan(), pool[untouched].isnan())
+
+
+def test_gdn_deferred_verify_rejects_a_scratch_too():
+    q, k, v, gate, beta, pool = _inputs([2], [1], 1, 2, 8, 8, torch.float32, 3)
+    rk, rv, rgb = (torch.zeros(1, 2, *tail, device=DEVICE) for tail in ((2, 8), (2, 8), (2, 2)))
+    with pytest.raises(ValueError, match="writes no state"):
+        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([1], device=DEVICE), cu_seqlens([2]),
+                                   replay=(rk, rv, rgb), update_pool=True)
+    with pytest.raises(ValueError, match="keep 1 steps"):
+        gated_delta_rule_recurrent(q, k, v, gate, beta, pool, torch.tensor([1], device=DEVICE), cu_seqlens([2]),
+                                   replay=(rk[:, :1], rv[:, :1], rgb[:, :1]))
+
+
+@gpu
+def test_gdn_deferred_verify_and_replay_serving_shapes_gpu():
+    """2.3B layout, 16 rows of 5 tokens in bf16: deferred verify gives the scratch path's
+    outputs, and the replay its states (every row keeps a different number of tokens)."""
+    from hybrid_serve.kernels.state_ops import replay_gdn_state
+
+    lens, H, HV, D, S = [5] * 16, 16, 32, 128, 5
+    slots = list(range(1, 17))
+    q, k, v, gate, beta, pool = _inputs(lens, slots, H, HV, D, D, torch.bfloat16, 17, device="cuda")
+    slots_t, cu = torch.tensor(slots, dtype=torch.int32, device="cuda"), cu_seqlens(lens, "cuda")
+    full = torch.zeros(16, S, HV, D, D, device="cuda")
+    want = gated_delta_rule_recurrent(q, k, v, gate, beta, pool.clone(), slots_t, cu, intermediate_states=full)
+    rk, rv = torch.zeros(16, S, HV, D, device="cuda"), torch.zeros(16, S, HV, D, device="cuda")
+    rgb = torch.zeros(16, S, 2, HV, device="cuda")
+    got = gated_delta_rule_recurrent(q, k, v, gate, beta, pool, slots_t, cu, replay=(rk, rv, rgb))
+    assert torch.equal(got, want)
+    kept = [1 + i % 5 for i in range(16)]
+    scratch = torch.zeros(1, 16, S - 1, HV, D, D, device="cuda")
+    replay_gdn_state(pool[None], scratch, rk[None], rv[None], rgb[None], slots_t.long(),
+                     torch.tensor(kept, device="cuda"), torch.zeros(16, dtype=torch.int64, device="cuda"))
+    for row, n in enumerate(kept):
+        assert rel_err(pool[row + 1], full[row, n - 1]) < 1e-5, row
