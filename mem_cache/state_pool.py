@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device_io import to_device
+from ..device_io import pinned, to_device
 from ..kernels.state_ops import (
     commit_verified_state, commit_verified_state_ref, replay_gdn_state, replay_gdn_state_ref,
 )
@@ -92,6 +92,9 @@ class StatePool:
         if spec.ssm_shape is not None:
             self.ssm_states = torch.zeros(num_layers, total, *spec.ssm_shape, dtype=spec.ssm_dtype, device=device)
         self.layout_tag = torch.zeros(total, dtype=torch.int8, device=device)
+        self.commit_graphs = True  # CUDA: the verify commit as a graph per kind (commit_verified)
+        self._commit_graphs: dict[bool, torch.cuda.CUDAGraph] = {}
+        self._commit_rows: torch.Tensor | None = None  # [slots | steps | kept | masks] x scratch rows
         self.replay_k = self.replay_v = self.replay_gb = None
         if spec.ssm_replay and spec.ssm_shape is not None and scratch_rows and scratch_steps:
             hv, dk, dv = spec.ssm_shape
@@ -156,10 +159,25 @@ class StatePool:
             raise ValueError(f"{rows} verify rows, the scratch has {self.scratch_rows}")
         if rows == 0 or self.scratch_steps == 0:
             return
-        dst, src = self.tag_moves_of(state_slots, accepted_steps)
+        if self.conv_states.is_cuda and self.commit_graphs:
+            # one copy of the rows into static buffers, one graph replay: the commit's launches
+            # cost ~0.3-0.5 ms of host time a verify step (measured on an H100), on its critical path
+            pad = self.scratch_rows - rows
+            values = (list(state_slots) + [-1] * pad + list(accepted_steps) + [-1] * pad
+                      + (list(kept_tokens) + [0] * pad + list(checkpoint_masks) + [0] * pad if replay else []))
+            graph = self._commit_graphs.get(replay) or self._capture_commit(replay)
+            self._commit_rows[: len(values)].copy_(pinned(values, torch.int64, self.conv_states.device),
+                                                   non_blocking=True)
+            graph.replay()
+            return
         extra = list(kept_tokens) + list(checkpoint_masks) if replay else []
-        values = to_device(list(state_slots) + list(accepted_steps) + extra + dst + src, torch.int64,
-                           self.conv_states.device)
+        values = to_device(list(state_slots) + list(accepted_steps) + extra, torch.int64, self.conv_states.device)
+        self._commit_from(values, rows, replay)
+
+    def _commit_from(self, values: torch.Tensor, rows: int, replay: bool) -> None:
+        """The commit's device work from `values` = [slots | steps (| kept | masks)] of `rows`
+        rows each: the state copies or replays, then the layout tags of the copied rows (by
+        device indices: no host values, so a graph can hold it)."""
         slots_d, steps_d = values[:rows], values[rows : 2 * rows]
         triton_path = use_triton(self.conv_states)
         commit = commit_verified_state if triton_path else commit_verified_state_ref
@@ -173,9 +191,25 @@ class StatePool:
                     self.replay_gb, slots_d, kept_d, masks_d)
             else:
                 commit(states[:, : self.num_slots + 1], self._scratch_view(states), slots_d, steps_d)
-        if dst:  # the tag moves with the state
-            moved = values[2 * rows + len(extra) :]
-            self.layout_tag[moved[: len(dst)]] = self.layout_tag[moved[len(dst) :]]
+        # the tag moves with the state; rows not copied move slot 0's tag onto itself
+        moved = (slots_d > 0) & (slots_d <= self.num_slots) & (steps_d >= 0) & (steps_d < self.scratch_steps)
+        src = self.num_slots + 1 + torch.arange(rows, device=values.device) * self.scratch_steps + steps_d
+        self.layout_tag[torch.where(moved, slots_d, 0)] = self.layout_tag[torch.where(moved, src, 0)]
+
+    def _capture_commit(self, replay: bool) -> "torch.cuda.CUDAGraph":
+        """The commit over every scratch row, reading them from `_commit_rows`, as a CUDA graph
+        (run once first with no rows, which compiles its kernels and writes nothing)."""
+        if self._commit_rows is None:
+            self._commit_rows = torch.full((4 * self.scratch_rows,), -1, dtype=torch.int64,
+                                           device=self.conv_states.device)
+        self._commit_rows.fill_(-1)
+        self._commit_from(self._commit_rows, self.scratch_rows, replay)
+        torch.cuda.synchronize(self.conv_states.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._commit_from(self._commit_rows, self.scratch_rows, replay)
+        self._commit_graphs[replay] = graph
+        return graph
 
     def tag_moves_of(self, state_slots: list[int], accepted_steps: list[int]) -> tuple[list[int], list[int]]:
         """The (dst slots, src scratch slots) whose layout tags a `commit_verified` of these host

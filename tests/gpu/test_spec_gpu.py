@@ -65,3 +65,30 @@ def test_mtp_on_gpu_drafts_equal_reference(tmp_path):
     assert len(seen) > 20 and not mismatched, mismatched
     assert engine.runner.num_verify_graph_steps > 0  # verify graphs' hidden states feed the MTP pass too
     engine.cache.check_empty()
+
+
+@pytest.mark.parametrize("replay", [False, True], ids=["copy", "deferred"])
+def test_commit_graph_equals_eager_commit(replay):
+    """The commit as a CUDA graph over every scratch row (mem_cache/state_pool.py) writes what
+    the eager commit of the step's rows writes, states and tags, for several row counts."""
+    from hybrid_serve.mem_cache import StatePool, StateSpec
+
+    spec = StateSpec(conv_dim=24, conv_width=3, ssm_shape=(4, 16, 32), conv_dtype=torch.bfloat16, ssm_replay=True)
+    pools = [StatePool(12, 3, spec, "cuda", scratch_rows=6, scratch_steps=4) for _ in range(2)]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for t in ("conv_states", "ssm_states", "replay_k", "replay_v", "replay_gb"):
+        value = torch.rand(getattr(pools[0], t).shape, generator=gen, device="cuda") - 0.5
+        for p in pools:
+            getattr(p, t).copy_(value)
+    for p in pools:
+        p.layout_tag.copy_(torch.arange(p.layout_tag.numel(), device="cuda") % 3)
+    pools[1].commit_graphs = False
+    for slots, steps, kept, masks in (([3, -1, 5], [1, 0, -1], [2, 0, 5], [0b1, 0, 0b100]),
+                                      ([7], [0], [1], [0]), ([1, 2, 4, 6, 8, 9], [3, 2, 1, 0, -1, 2], [4, 3, 2, 1, 5, 3],
+                                                             [0, 0b10, 0, 0, 0b1000, 0])):
+        for p in pools:
+            p.commit_verified(state_slots=slots, accepted_steps=steps, kept_tokens=kept, checkpoint_masks=masks,
+                              deferred=replay)
+        for t in ("conv_states", "ssm_states", "layout_tag"):
+            assert torch.equal(getattr(pools[0], t), getattr(pools[1], t)), t
+    assert pools[0]._commit_graphs and not pools[1]._commit_graphs
