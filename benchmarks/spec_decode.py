@@ -126,7 +126,7 @@ def main() -> int:
                     help="batch 1 runs this many prompts one after another (the acceptance of one 128-token "
                          "run varies by +-0.06 around its mean at 0.8 per token)")
     ap.add_argument("--adaptive-from", type=int, default=64, help="batch sizes from this one run with adaptive depth")
-    ap.add_argument("--cprofile", action="store_true", help="print the host profile of one batch-1 speculative run")
+    ap.add_argument("--cprofile", type=int, default=0, help="print the host profile of a speculative run at this batch size")
     ap.add_argument("--verify-graphs", type=int, default=1, help="verify steps through CUDA graphs (1) or eagerly (0)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -200,16 +200,15 @@ def main() -> int:
                                 + (", verify graphs" if args.verify_graphs else ", verify eager")
                                 + ("" if adaptive else f", drafts from the {args.continuation} run's continuation"),
                        baseline="no speculation, same engine settings, same run")
-            if args.cprofile and batch == 1:
+            if args.cprofile and batch == args.cprofile:
                 import cProfile
                 import pstats
 
                 prof = cProfile.Profile()
                 prof.enable()
-                decode_rate(spec, prompts[batch][:1], args.tokens)
+                decode_rate(spec, prompts[batch][:batch], args.tokens)
                 prof.disable()
-                pstats.Stats(prof).sort_stats("tottime").print_stats(35)
-                pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(30)
             if args.breakdown and batch == runs[0]:
                 row["step_breakdown"] = step_breakdown(spec, prompts[batch], 48)
             rows.append(row)

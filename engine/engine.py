@@ -263,10 +263,12 @@ class LLMEngine:
         wanted = {r: k for r, k in wanted.items() if r in candidates}
         max_rows = min(self.spec.max_verify_rows, self.runner.verify_graphs.sizes[-1]) if self.verify_graph_k else 0
         if self.verify_graph_k and len(decode_rows) <= max_rows and self.spec.config.method != "draft_model":
-            # the step pads every row to K drafts (below): a shorter depth would cost the same
-            # and yield less, so rows draft K (a draft model's extra drafts are not free: not it)
-            wanted = {r: max(k, min(self.verify_graph_k, r.params.max_tokens - r.num_output_tokens - 1))
-                      for r, k in wanted.items()}
+            # the step pads every decoding row to K drafts (below): a shorter depth, or none,
+            # would cost the same and yield less, so every row drafts K (the adaptive depth's
+            # choice is then only whether to speculate, which it makes by measured step rates;
+            # a draft model's extra drafts are not free: not for it)
+            wanted = {r: min(self.verify_graph_k, r.params.max_tokens - r.num_output_tokens - 1) for r in decode_rows}
+            wanted = {r: k for r, k in wanted.items() if k > 0}
         drafts = self.spec.propose(wanted)
         if self.verify_graph_k:  # verify graphs replay steps whose rows all verify K drafts
             drafts = self.spec.pad(drafts, decode_rows, self.verify_graph_k, max_rows, self.max_model_len)
