@@ -25,10 +25,15 @@ How a verify step runs (engine.py `_verify_step`, verify.py)
 Verify graphs. A verify step whose rows all verify the configured K drafts (no prefill chunk,
 no shorter draft) replays a CUDA graph captured per padded batch size
 (engine/runner/cuda_graph.py, `enable_verify_graphs`): batch row b is scratch row b, and the
-state layers take the recurrent kernels' scratch mode (the state after each of the row's first
-K tokens to the scratch, after all K + 1 to the slot) instead of the chunked kernels'
-in-kernel checkpoints; the commit, acceptance and KV release above are the same. Other verify
-steps run eagerly.
+conv and Mamba2 layers take the recurrent kernels' scratch mode (the state after each of the
+row's first K tokens to the scratch, after all K + 1 to the slot) instead of the chunked
+kernels' in-kernel checkpoints. Gated DeltaNet layers defer instead: the recurrent kernel
+records each token's k, v, g, beta and writes no state, and the commit replays the row's a + 1
+kept tokens over its untouched slot (writing a checkpoint's step to the scratch on the way;
+mem_cache/state_pool.py), a third of the state traffic. The shard tells the commit which kind
+of step it ran (ModelRunner.deferred_verify); on a GPU the commit is one CUDA graph. Rows of a
+step that fits a verify graph are all padded to K, so each draws K drafts (the adaptive depth
+then only decides whether to speculate). Other verify steps run eagerly.
 
 Overlap (the decision). The engine queues step N+1 before it reads step N back. The drafters
 here run on the host and need step N's tokens, so a step that speculates first reads back the
