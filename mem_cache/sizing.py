@@ -131,9 +131,12 @@ def plan_pools(layout: PoolLayout, budget_bytes: int, options: PoolOptions) -> P
     """Pool sizes and max_model_len from one budget (or the explicit overrides)."""
     o, page_bytes, slot_bytes = options, layout.kv_bytes_per_page, layout.state_bytes_per_slot
     scratch_rows, scratch_steps = (o.spec_scratch_rows, o.spec_scratch_steps) if slot_bytes else (0, 0)
-    if o.spec_scratch_auto and scratch_rows * scratch_steps * slot_bytes > budget_bytes // 8:
-        scratch_rows = max(1, budget_bytes // 8 // (scratch_steps * slot_bytes))
-    scratch_bytes = scratch_rows * scratch_steps * slot_bytes
+    # a verify row's scratch: `scratch_steps` states, and GDN's replay buffers (scratch_steps + 1 tokens)
+    row_bytes = scratch_steps * slot_bytes + (scratch_steps + 1) * layout.state_spec.replay_bytes_per_step(
+        layout.num_state_layers) if scratch_steps else 0
+    if o.spec_scratch_auto and scratch_rows * row_bytes > budget_bytes // 8:
+        scratch_rows = max(1, budget_bytes // 8 // row_bytes)
+    scratch_bytes = scratch_rows * row_bytes
     if scratch_bytes >= budget_bytes:
         raise ValueError(f"speculative scratch of {scratch_rows} verify rows x {scratch_steps} steps needs "
                          f"{scratch_bytes} B of the {budget_bytes} B cache budget: lower num_speculative_tokens "

@@ -73,6 +73,14 @@ class StateSpec:
             ssm = n * torch.empty((), dtype=self.ssm_dtype).element_size()
         return num_layers * (conv + ssm)
 
+    def replay_bytes_per_step(self, num_layers: int) -> int:
+        """Bytes of the GDN replay buffers per verify row and step (k, v, g and beta in fp32,
+        every layer); 0 for states that keep the scratch."""
+        if not self.ssm_replay or self.ssm_shape is None:
+            return 0
+        hv, dk, dv = self.ssm_shape
+        return num_layers * hv * (dk + dv + 2) * 4
+
 
 class StatePool:
     def __init__(self, num_slots: int, num_layers: int, spec: StateSpec, device: torch.device | str,

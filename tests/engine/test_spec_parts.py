@@ -230,3 +230,19 @@ def test_scratch_comes_out_of_the_cache_budget():
     auto = plan_pools(layout, budget, PoolOptions(16, 8, 64, 64, 0.25, 64, False, spec_scratch_rows=32,
                                                   spec_scratch_steps=4, spec_scratch_auto=True))
     assert auto.scratch_rows == budget // 8 // (4 * slot_bytes) < 32
+
+
+def test_gdn_replay_buffers_come_out_of_the_budget_too():
+    """A GDN pool's verify rows also hold the replay buffers (K + 1 tokens of k, v, g, beta in
+    fp32 per layer): the budget is charged for them, as the pool allocates them."""
+    spec = StateSpec(conv_dim=4, conv_width=3, ssm_shape=(2, 4, 4), conv_dtype=torch.float32, ssm_replay=True)
+    slot_bytes, replay_bytes = spec.bytes_per_slot(2), spec.replay_bytes_per_step(2)
+    assert replay_bytes == 2 * 2 * (4 + 4 + 2) * 4
+    layout = PoolLayout(1, 2, 4096, slot_bytes, spec)
+    budget = 4 << 20
+    setup = plan_pools(layout, budget, PoolOptions(16, 8, 256, 256, 0.25, 64, True, spec_scratch_rows=8,
+                                                   spec_scratch_steps=4))
+    used = setup.num_kv_pages * 4096 + setup.num_state_slots * slot_bytes + 8 * (4 * slot_bytes + 5 * replay_bytes)
+    assert used <= budget
+    pool = StatePool(setup.num_state_slots, 2, spec, "cpu", scratch_rows=8, scratch_steps=4)
+    assert sum(t.numel() * 4 for t in (pool.replay_k, pool.replay_v, pool.replay_gb)) == 8 * 5 * replay_bytes
