@@ -204,6 +204,15 @@ class StatePool:
         src = self.num_slots + 1 + torch.arange(rows, device=values.device) * self.scratch_steps + steps_d
         self.layout_tag[torch.where(moved, slots_d, 0)] = self.layout_tag[torch.where(moved, src, 0)]
 
+    def prepare_commit_graphs(self) -> None:
+        """Compile the commit's kernels and capture its graphs now (CUDA, with a scratch): the
+        engine does this before it reports ready, so the first verify step compiles nothing."""
+        if not (self.conv_states.is_cuda and self.commit_graphs and self.scratch_rows and self.scratch_steps):
+            return
+        for replay in (False, True) if self.defers_verify else (False,):
+            if replay not in self._commit_graphs:
+                self._capture_commit(replay)
+
     def _capture_commit(self, replay: bool) -> "torch.cuda.CUDAGraph":
         """The commit over every scratch row, reading them from `_commit_rows`, as a CUDA graph
         (run once first with no rows, which compiles its kernels and writes nothing)."""
