@@ -314,3 +314,39 @@ def test_padded_drafts_fill_verify_graphs_and_keep_output(family, baseline):
     assert runner.num_verify_graph_steps > 0
     assert stats["spec_verify_rows"] > 0
     llm.engine.cache.check_empty()
+
+
+@pytest.mark.slow
+def test_verify_graph_path_defers_gdn_states_through_the_kernels(reference_models, monkeypatch):
+    """The Triton kernels (the interpreter on CPU) through the verify-graph path: GDN states are
+    deferred (the recurrent kernel records the tokens, the commit replays the kept ones over
+    the slot, mem_cache/state_pool.py) while conv windows take the scratch; greedy output
+    equals decoding without speculation, prefix-cache checkpoints taken from accepted drafts
+    included."""
+    model_dir, ref = reference_models("qwen3_5")
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, ref.config.vocab_size, (n,), generator=gen).tolist() for n in (5, 11, 3)]
+    params = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)
+    args = dict(dtype="float32", max_num_seqs=3, chunked_prefill_size=8, max_model_len=48,
+                enable_prefix_caching=True, state_checkpoint_interval=16)
+    want = _tokens(LLM(model=model_dir, **args).generate(prompts, params))
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
+    k = 3
+    llm = LLM(model=model_dir, **args, speculative_config=dict(_synthetic(prompts, want, k=k), vary_length=False))
+    runner, pool = llm.engine.runner, llm.engine.runner.state_pool
+    assert pool.defers_verify
+    runner.use_verify_graphs(3, k + 1)
+    deferred, commit = [], pool.commit_verified
+
+    def record(**kw):
+        deferred.append((kw.get("deferred", False), any(kw["checkpoint_masks"])))
+        return commit(**kw)
+
+    pool.commit_verified = record
+    assert _tokens(llm.generate(prompts, params)) == want
+    assert runner.num_verify_graph_steps > 0 and any(d for d, _ in deferred)
+    assert (True, True) in deferred  # a deferred commit that wrote a checkpoint's state to the scratch
+    stats = llm.engine.stats()
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+    assert llm.engine.cache.stats.checkpoints_taken > 0
+    llm.engine.cache.check_empty()
