@@ -257,6 +257,26 @@ class RadixCache:
                 return True
         return False
 
+    def _first_victim(self, keep: RadixNode | None) -> RadixNode | None:
+        """The holder `evict_state` takes first, in one pass: the first of the order
+        (dominated first, then unlocked before locked, least recently used; ties: the first
+        met, as `min` would). Once a dominated holder is found, only one earlier in that order
+        can beat it, so the others skip the chain walk (holders number in the thousands under
+        state pressure, and this runs once per admission)."""
+        best, best_key = None, None
+        for node in self._holders:
+            if node is keep:
+                continue
+            key = (node.lock_ref > 0, node.last_access)
+            if best_key is not None and best_key[0] is False:  # best is dominated: (False, ...)
+                if key < best_key[1:] and self._dominated(node):
+                    best, best_key = node, (False, *key)
+                continue
+            full = (not self._dominated(node), *key)
+            if best_key is None or full < best_key:
+                best, best_key = node, full
+        return best
+
     def evict_state(self, num_slots: int, keep: RadixNode | None = None) -> list[int]:
         """Drop checkpoints: first those a deeper checkpoint on the same unbranched chain
         dominates (`_dominated`), then those of unlocked nodes, then those on running
@@ -266,12 +286,12 @@ class RadixCache:
         of each new long prompt push out every conversation's last checkpoint (the one its
         next turn resumes from) and the branch points of shared prefixes. KV stays. `keep`:
         a node whose checkpoint must stay (one an admission is about to copy)."""
-        order = lambda n: (not self._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
-        candidates = [n for n in self._holders if n is not keep]
-        if num_slots == 1:  # the common call (one slot for an admission or a checkpoint): no sort
-            victims = [min(candidates, key=order)] if candidates else []
+        if num_slots == 1:  # the common call (one slot for an admission or a checkpoint): one pass
+            victim = self._first_victim(keep)
+            victims = [victim] if victim is not None else []
         else:
-            victims = sorted(candidates, key=order)[:num_slots]
+            order = lambda n: (not self._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
+            victims = sorted((n for n in self._holders if n is not keep), key=order)[:num_slots]
         freed = []
         for node in victims:
             self._record("checkpoint_evicted", node)

@@ -166,3 +166,35 @@ test_radix_state_machine = RadixMachine.TestCase
 def test_insert_rejects_partial_pages(bad):
     with pytest.raises(ValueError):
         RadixCache(PS, True).insert(bad, [], None)
+
+
+def test_first_victim_is_the_sorted_orders_first_on_random_trees():
+    """evict_state(1)'s one-pass choice (`_first_victim`) equals the first of the documented
+    order (dominated first, then unlocked, then locked; least recently used within each; the
+    first met on ties) on random trees of shared prefixes, locks, touches and a kept node."""
+    import random
+
+    rng = random.Random(0)
+    for trial in range(40):
+        tree = RadixCache(4, True)
+        base = [rng.randrange(50) for _ in range(4 * rng.randrange(1, 6))]
+        slot = page = 1
+        nodes = []
+        for _ in range(rng.randrange(3, 25)):
+            cut = 4 * rng.randrange(0, len(base) // 4 + 1)
+            tokens = base[:cut] + [rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))]
+            n = len(tokens) // 4
+            for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 3))} | {n}):
+                result = tree.insert(tokens[: 4 * q], list(range(page, page + q)), slot)
+                slot, page = slot + 1, page + q
+                nodes.append(result.node)
+            if rng.random() < 0.3:
+                tree.lock(nodes[-1])
+            if rng.random() < 0.5:
+                tree.match(tokens, len(tokens))
+        holders = list(tree._holders)
+        keep = rng.choice(holders) if holders and rng.random() < 0.3 else None
+        order = lambda n: (not tree._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
+        candidates = [n for n in tree._holders if n is not keep]
+        want = min(candidates, key=order) if candidates else None
+        assert tree._first_victim(keep) is want, trial
