@@ -54,9 +54,10 @@ class CacheOps:
 def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool | None,
                     deferred_verify: bool = False) -> None:
     """Apply `ops` in order. `deferred_verify`: the shard's last forward was a verify step that
-    deferred its GDN state updates (a commit then replays them). The KV-table writes ("kv") are gathered and applied together at
-    the end (`RequestRowTable.set_kv_slots_many`: one copy and one scatter for the step): no
-    other op reads the KV table, and writes to the same positions keep their order."""
+    deferred its GDN state updates (a commit then replays them). The KV-table writes ("kv")
+    are gathered and applied together at the end (`RequestRowTable.set_kv_slots_many`: one
+    copy and one scatter for the step): no other op reads the KV table, and writes to the
+    same positions keep their order."""
     kv_writes = []
     for op in ops.ops:
         kind = op[0]

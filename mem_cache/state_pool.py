@@ -228,16 +228,6 @@ class StatePool:
         self._commit_graphs[replay] = graph
         return graph
 
-    def tag_moves_of(self, state_slots: list[int], accepted_steps: list[int]) -> tuple[list[int], list[int]]:
-        """The (dst slots, src scratch slots) whose layout tags a `commit_verified` of these host
-        values moves: the rows it does not skip."""
-        dst, src = [], []
-        for row, (slot, step) in enumerate(zip(state_slots, accepted_steps)):
-            if 0 < slot <= self.num_slots and 0 <= step < self.scratch_steps:
-                dst.append(slot)
-                src.append(self.num_slots + 1 + row * self.scratch_steps + step)
-        return dst, src
-
     def _check(self, state_slot: int, allow_scratch: bool = False) -> None:
         last = self.num_slots + (self.scratch_rows * self.scratch_steps if allow_scratch else 0)
         if not 0 < state_slot <= last:

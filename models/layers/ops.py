@@ -219,8 +219,8 @@ def _gdn_verify_kwargs(fb: ForwardBatch, ssm_states: torch.Tensor) -> dict:
     """The recurrent GDN kernel's verify mode: deferred (`replay`: no state written, the commit
     replays the kept tokens; mem_cache/state_pool.py) where the pool keeps replay buffers,
     else the scratch mode of `_verify_kwargs`."""
-    if fb.spec_scratch_steps and fb.state_pool.defers_verify:
-        return dict(replay=fb.state_pool.layer_replay(ssm_states))
+    if fb.spec_scratch_steps and verify_graph_defers_state(fb.state_pool, fb.spec_scratch_steps + 1):
+        return dict(replay=fb.state_pool.layer_replay(ssm_states))  # the rule the shard tells the commit
     return _verify_kwargs(fb, ssm_states)
 
 
