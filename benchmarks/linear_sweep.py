@@ -6,6 +6,12 @@ Then the whole decode step's linears (18 GDN in_proj, 6 q/k/v, 24 gate_up, 24 ou
 24 down_proj, the LM head) with cuBLAS and with the best configuration per shape.
 
     python benchmarks/linear_sweep.py [--rows 1,2,4,8] [--quick]
+    python benchmarks/linear_sweep.py --few-rows [--rows 2,5,8,16]   # the tensor-core kernel
+
+`--few-rows` times kernels.linear.few_rows_linear (2-16 rows: verify rows of K + 1 tokens, small
+decode batches) over its tile / pipeline configurations against cuBLAS in the same run, then
+the step's linears at each row count with cuBLAS, the default configuration and the best
+configuration per shape.
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from hybrid_serve.kernels.linear import skinny_linear, skinny_linear_ref
+from hybrid_serve.kernels.linear import few_rows_linear, skinny_linear, skinny_linear_ref
 
 # (name, N, K, calls per decode step) for the 2.3B Qwen3.5 layout at tp=1
 SHAPES = [("gdn_in_proj", 12352, 2048, 18), ("attn_qkv", 9216, 2048, 6), ("gate_up", 12288, 2048, 24),
@@ -57,12 +63,74 @@ def configs(m: int, quick: bool):
     return out[::3] if quick else out
 
 
+def few_rows_configs():
+    """Tensor-core few-rows tiles whose pipelined weight tiles fit in ~200 KB of shared memory."""
+    out = []
+    for w_left, bn, bk, warps, stages in itertools.product((False, True), (16, 32, 64, 128), (128, 256, 512),
+                                                          (4, 8), (3, 4, 5)):
+        if (bn + 16) * bk * 2 * stages > 200 * 1024 or (warps == 8 and bn * bk < 64 * 256):
+            continue
+        out.append(dict(w_left=w_left, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages))
+    return out
+
+
+def few_rows_main(rows: list[int], json_path: str) -> None:
+    """Sweep of the few-rows kernel (module doc)."""
+    torch.manual_seed(0)
+    dev = "cuda"
+    results, cfgs = [], few_rows_configs()
+    totals = {m: dict(cublas=0.0, default=0.0, best=0.0, best_shared=0.0) for m in rows}
+    for name, n, k, per_step in SHAPES:
+        reps_w = max(4, min(24, int(2e9 // (n * k * 2))))
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(reps_w)]
+        gbytes = n * k * 2 / 1e9
+        for m in rows:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            ref = skinny_linear_ref(x, ws[0]).float()
+            t_cublas = graph_time_us(lambda: [F.linear(x, w) for w in ws], reps_w)
+            t_default = graph_time_us(lambda: [few_rows_linear(x, w) for w in ws], reps_w)
+            best = (float("inf"), None)
+            for cfg in cfgs:
+                try:
+                    y = few_rows_linear(x, ws[0], **cfg).float()
+                    err = (y - ref).abs().max().item()
+                    if err > 0.02 * ref.abs().max().item() + 1e-3:
+                        print(f"  {name} m={m} {cfg}: WRONG (max err {err:.3g})")
+                        continue
+                    t = graph_time_us(lambda: [few_rows_linear(x, w, **cfg) for w in ws], reps_w, reps=8)
+                except Exception as e:  # noqa: BLE001  (a config that does not fit: skip it)
+                    print(f"  {name} m={m} {cfg}: skipped ({type(e).__name__}: {str(e)[:80]})")
+                    continue
+                results.append(dict(shape=name, rows=m, us=t, variant="few_rows", **cfg))
+                if t < best[0]:
+                    best = (t, cfg)
+            totals[m]["cublas"] += per_step * t_cublas
+            totals[m]["default"] += per_step * t_default
+            totals[m]["best"] += per_step * best[0]
+            results.append(dict(shape=name, rows=m, us=t_cublas, variant="cublas"))
+            results.append(dict(shape=name, rows=m, us=t_default, variant="few_rows_default"))
+            print(f"m={m:2d} {name:12s} N={n:6d} K={k}: cuBLAS {t_cublas:7.2f} us ({gbytes / t_cublas * 1e3:5.2f} TB/s)  "
+                  f"default {t_default:7.2f} us ({gbytes / t_default * 1e3:5.2f} TB/s)  "
+                  f"best {best[0]:7.2f} us ({gbytes / best[0] * 1e3:5.2f} TB/s) {best[1]}", flush=True)
+        del ws
+    for m in rows:
+        print(f"m={m:2d} step linears: cuBLAS {totals[m]['cublas']:.0f} us, few-rows default "
+              f"{totals[m]['default']:.0f} us, best per shape {totals[m]['best']:.0f} us", flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(dict(results=results, totals=totals), f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="")
+    ap.add_argument("--few-rows", action="store_true", help="sweep the tensor-core few-rows kernel")
     args = ap.parse_args()
+    if args.few_rows:
+        few_rows_main([int(r) for r in args.rows.split(",")], args.json)
+        return
     torch.manual_seed(0)
     dev = "cuda"
     results = []

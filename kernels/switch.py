@@ -9,6 +9,10 @@ call (so one test process can flip it).
     HYBRID_SERVE_SKINNY_ROWS=N             inputs of up to N rows (default 1: batch-1 decode)
                                            stream their linear's weight through kernels/linear;
                                            0 sends every linear to cuBLAS (A/B runs)
+    HYBRID_SERVE_FEW_ROWS=N                inputs of 2..N rows (default 16: a batch-1..3 verify
+                                           step, a small decode batch) go to kernels/linear's
+                                           tensor-core few-rows kernel; 0 or 1 sends them to
+                                           cuBLAS (A/B runs)
     HYBRID_SERVE_MOE_ONE_ROW_TILES=0|1      1 (default): fused_moe skips its grouping pass when
                                            few assignments meet many experts; 0 always groups
                                            (A/B runs; the same bits either way)
@@ -24,11 +28,16 @@ from ._common import HAS_TRITON
 KERNELS_ENV = "HYBRID_SERVE_KERNELS"
 SKINNY_ROWS_ENV = "HYBRID_SERVE_SKINNY_ROWS"
 MOE_ONE_ROW_ENV = "HYBRID_SERVE_MOE_ONE_ROW_TILES"
+FEW_ROWS_ENV = "HYBRID_SERVE_FEW_ROWS"
 # Rows of x sent to kernels/linear by default: batch-1 decode. On an H100 (benchmarks/
 # linear_sweep.py, weights cold) it streams the 2.3B model's decode weights in 1572 us against
 # cuBLAS's 1754 us at one row, but loses from two rows on (1788 vs 1749 us), where cuBLAS's
 # tensor-core tiles read each weight once for all rows.
 SKINNY_DEFAULT_ROWS = 1
+# Rows of x (above the skinny limit) sent to kernels/linear's tensor-core few-rows kernel: up to
+# one 16-row MMA tile. H100, weights cold (`benchmarks/linear_sweep.py --few-rows`): the 2.3B
+# step's linears at 5 rows (a batch-1 verify step) in 1,662 us against cuBLAS's 1,740.
+FEW_ROWS_DEFAULT_ROWS = 16
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -57,6 +66,19 @@ def skinny_rows_limit() -> int:
     from .linear import SKINNY_MAX_ROWS  # imports triton: only when the variable is set
 
     return max(0, min(rows, SKINNY_MAX_ROWS))
+
+
+def few_rows_limit() -> int:
+    """Most rows of x that go to the few-rows tensor-core linear kernel: FEW_ROWS_DEFAULT_ROWS,
+    or HYBRID_SERVE_FEW_ROWS (0 or 1 = off, at most kernels.linear's FEW_ROWS_MAX_ROWS)."""
+    value = os.environ.get(FEW_ROWS_ENV)
+    if value is None:
+        return FEW_ROWS_DEFAULT_ROWS
+    try:
+        rows = int(value)
+    except ValueError:
+        raise ValueError(f"{FEW_ROWS_ENV} must be an integer, got {value!r}") from None
+    return max(0, min(rows, FEW_ROWS_DEFAULT_ROWS))
 
 
 def moe_one_row_tiles_allowed() -> bool:

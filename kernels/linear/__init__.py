@@ -2,9 +2,10 @@ from .._common import HAS_TRITON, missing_triton
 from .ref import skinny_linear_ref
 
 if HAS_TRITON:
-    from .triton_linear import SKINNY_MAX_ROWS, skinny_linear
+    from .triton_linear import FEW_ROWS_MAX_ROWS, SKINNY_MAX_ROWS, few_rows_linear, skinny_linear
 else:
-    SKINNY_MAX_ROWS = 0
+    SKINNY_MAX_ROWS = FEW_ROWS_MAX_ROWS = 0
     skinny_linear = missing_triton("skinny_linear")
+    few_rows_linear = missing_triton("few_rows_linear")
 
-__all__ = ["SKINNY_MAX_ROWS", "skinny_linear", "skinny_linear_ref"]
+__all__ = ["FEW_ROWS_MAX_ROWS", "SKINNY_MAX_ROWS", "few_rows_linear", "skinny_linear", "skinny_linear_ref"]

@@ -104,4 +104,106 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return y
 
 
+FEW_ROWS_MAX_ROWS = 16  # most rows of x the tensor-core few-rows kernel takes (one 16-row MMA tile)
+
+
+@triton.jit
+def _few_rows_dot_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                         HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
+                         W_LEFT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr):
+    """One program: BLOCK_N output features of all (<= BLOCK_M) rows over the whole of K, on
+    tensor cores. W_LEFT computes W_tile @ x^T ([BLOCK_N, BLOCK_M], the weight as the MMA's
+    M side, so BLOCK_N >= 64 can use Hopper's warpgroup MMA), otherwise x @ W_tile^T."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BN, BK]
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
+    if W_LEFT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            xv = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+        else:
+            k_ok = (k0 + offs_k) < K
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            xv = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if W_LEFT:
+            acc = tl.dot(w, tl.trans(xv), acc)
+        else:
+            acc = tl.dot(xv, tl.trans(w), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if W_LEFT:
+        y = tl.trans(acc)  # [BM, BN]
+    else:
+        y = acc
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def few_rows_config(m: int, n: int, k: int) -> dict:
+    """Tile, warps and pipeline depth of the few-rows kernel for an [m, k] x [n, k]^T product.
+    H100 sweep at 2-16 rows, weights cold (`benchmarks/linear_sweep.py --few-rows`): the weight
+    on the MMA's M side with 64 features a program everywhere; K tiles of 128 with 3 stages for
+    the 2.3B's K = 2048 projections, 256 with 5 stages for the K-heavy ones (out_proj, down_proj),
+    256 with 4 stages for the LM head."""
+    if k >= 4096:
+        return dict(block_n=64, block_k=256, num_warps=4, num_stages=5, w_left=True)
+    if n >= 65536:
+        return dict(block_n=64, block_k=256, num_warps=4, num_stages=4, w_left=True)
+    return dict(block_n=64, block_k=128, num_warps=4, num_stages=3, w_left=True)
+
+
+def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None, *, block_n: int | None = None,
+                    block_k: int | None = None, num_warps: int | None = None,
+                    num_stages: int | None = None, w_left: bool | None = None) -> torch.Tensor:
+    """x W^T (+ b) for 2-16 rows on tensor cores (a verify row of K + 1 tokens, a small decode
+    batch): each weight tile is read once for all rows, every row in one 16-row MMA tile, one
+    launch and no partial sums in memory. Same contract as `skinny_linear`; x: [M, K] with
+    M <= FEW_ROWS_MAX_ROWS. A row's result does not depend on the other rows (each output
+    element accumulates over the same K tiles in the same order). The keyword arguments
+    override `few_rows_config` (benchmarks)."""
+    check_launch_device("few_rows_linear", x)
+    check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
+    m, k = x.shape
+    if m > FEW_ROWS_MAX_ROWS:
+        raise ValueError(f"few_rows_linear takes at most {FEW_ROWS_MAX_ROWS} rows, got {m}")
+    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
+    n = weight.shape[0]
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, shape=(n,), device=x.device)
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"out_dtype must be x's dtype or torch.float32, got {out_dtype}")
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))
+    cfg = few_rows_config(m, n, k)
+    bn = block_n or cfg["block_n"]
+    bk = block_k or cfg["block_k"]
+    _few_rows_dot_kernel[(triton.cdiv(n, bn),)](
+        x, weight, bias if bias is not None else weight, y, m, n, k,
+        x.stride(0), weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
+        W_LEFT=cfg["w_left"] if w_left is None else w_left,
+        BLOCK_M=FEW_ROWS_MAX_ROWS, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=num_warps or cfg["num_warps"], num_stages=num_stages or cfg["num_stages"])
+    return y
+
+
 install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

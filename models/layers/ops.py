@@ -17,7 +17,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from ...kernels.switch import skinny_rows_limit, use_triton
+from ...kernels.switch import few_rows_limit, skinny_rows_limit, use_triton
 from ...kernels import attention as _attn
 from ...kernels import causal_conv1d as _conv
 from ...kernels import linear as _linear
@@ -64,16 +64,20 @@ def _out_like_v(a: dict) -> tuple[tuple[int, ...], torch.dtype]:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x W^T (+ b). x: [..., K]; weight: [N, K]. out_dtype: None (x's dtype) or torch.float32
-    (fp32 accumulation left unrounded, for a tensor-parallel reduce). A decode batch of a few
-    rows in bf16/fp16 streams the weight through kernels/linear on the kernel path; everything
-    else goes to torch (cuBLAS on CUDA)."""
+    (fp32 accumulation left unrounded, for a tensor-parallel reduce). On the kernel path, bf16/
+    fp16 inputs of one row stream the weight through kernels/linear's skinny kernel and of up to
+    16 rows (a verify row, a small decode batch) through its tensor-core few-rows kernel;
+    everything else goes to torch (cuBLAS on CUDA)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (0 < rows <= skinny_rows_limit() and x.dtype in (torch.bfloat16, torch.float16)
+    if (0 < rows <= max(skinny_rows_limit(), few_rows_limit()) and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and use_triton(x)):
         flat = x.reshape(rows, x.shape[-1])
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        y = _linear.skinny_linear(flat, weight, bias, out_dtype)
+        if rows <= skinny_rows_limit():
+            y = _linear.skinny_linear(flat, weight, bias, out_dtype)
+        else:
+            y = _linear.few_rows_linear(flat, weight, bias, out_dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     if out_dtype is None or out_dtype == x.dtype:
         return F.linear(x, weight, bias)

@@ -4,7 +4,8 @@ import torch
 from kernel_utils import DEVICE, gpu, rel_err, require_triton
 
 require_triton()
-from hybrid_serve.kernels.linear import SKINNY_MAX_ROWS, skinny_linear, skinny_linear_ref  # noqa: E402
+from hybrid_serve.kernels.linear import (  # noqa: E402
+    FEW_ROWS_MAX_ROWS, SKINNY_MAX_ROWS, few_rows_linear, skinny_linear, skinny_linear_ref)
 
 
 def _rand(*shape, dtype=torch.bfloat16, seed=0):
@@ -69,9 +70,24 @@ def test_ops_linear_dispatch(monkeypatch):
     assert rel_err(got.float().cpu(), want) < 4e-3
     assert rel_err(ops.linear(x, w, b, out_dtype=torch.float32).cpu(), want) < 1e-5
     big = _rand(5, 40, seed=9)
-    ops.linear(big, w)  # too many rows: torch
+    monkeypatch.setenv("HYBRID_SERVE_FEW_ROWS", "0")
+    ops.linear(big, w)  # too many rows for the skinny kernel, few-rows kernel off: torch
     ops.linear(x.float(), w.float())  # fp32: torch
     assert len(calls) == 2
+    few = []
+    real_few = klinear.few_rows_linear
+    monkeypatch.setattr(klinear, "few_rows_linear", lambda *a, **kw: few.append(a[0].shape) or real_few(*a, **kw))
+    monkeypatch.delenv("HYBRID_SERVE_FEW_ROWS")
+    assert switch.few_rows_limit() == switch.FEW_ROWS_DEFAULT_ROWS == 16
+    got = ops.linear(big, w, b)  # 5 rows: the few-rows kernel
+    assert few == [(5, 40)] and len(calls) == 2
+    assert rel_err(got.float().cpu(), skinny_linear_ref(big.cpu(), w.cpu(), b.cpu(), torch.float32)) < 4e-3
+    ops.linear(_rand(17, 40, seed=10), w)  # beyond one MMA tile: torch
+    assert len(few) == 1
+    monkeypatch.setenv("HYBRID_SERVE_FEW_ROWS", "x")
+    with pytest.raises(ValueError, match="HYBRID_SERVE_FEW_ROWS"):
+        ops.linear(big, w)
+    monkeypatch.delenv("HYBRID_SERVE_FEW_ROWS")
     monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "0")
     ops.linear(x, w)
     assert len(calls) == 2
@@ -89,3 +105,50 @@ def test_skinny_linear_serving_shapes(m, n, k):
     want = skinny_linear_ref(x, w, out_dtype=torch.float32)
     assert rel_err(skinny_linear(x, w, out_dtype=torch.float32), want) < 1e-5
     assert rel_err(skinny_linear(x, w).float(), want) < 4e-3
+
+
+@pytest.mark.parametrize("m,n,k,w_left", [(5, 70, 200, False), (5, 64, 256, True), (16, 96, 512, False),
+                                          (2, 33, 96, True), (1, 16, 64, False)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_rows_linear_matches_ref(m, n, k, w_left, bias):
+    """Both MMA orientations, ragged N and K, 1-16 rows, fp32 and rounded outputs."""
+    x, w = _rand(m, k, seed=1), _rand(n, k, seed=2)
+    b = _rand(n, seed=3) if bias else None
+    want = skinny_linear_ref(x.cpu(), w.cpu(), None if b is None else b.cpu(), torch.float32)
+    tiles = dict(block_n=64 if w_left else 32, block_k=64, w_left=w_left)
+    got32 = few_rows_linear(x, w, b, torch.float32, **tiles)
+    assert got32.dtype == torch.float32 and got32.shape == (m, n)
+    assert rel_err(got32.cpu(), want) < 1e-5
+    got = few_rows_linear(x, w, b, **tiles)
+    assert got.dtype == torch.bfloat16 and rel_err(got.float().cpu(), want) < 4e-3
+
+
+def test_few_rows_linear_rows_are_independent():
+    """A row's result does not depend on how many rows come with it (a verify row's logits
+    equal its plain-decode logits on the same kernel)."""
+    x, w = _rand(FEW_ROWS_MAX_ROWS, 160, seed=4), _rand(48, 160, seed=5)
+    full = few_rows_linear(x, w, out_dtype=torch.float32, block_n=16, block_k=32)
+    for m in (2, 5, 9):
+        assert torch.equal(few_rows_linear(x[:m], w, out_dtype=torch.float32, block_n=16, block_k=32), full[:m])
+
+
+def test_few_rows_linear_rejects_bad_input():
+    x, w = _rand(2, 32), _rand(8, 32)
+    with pytest.raises(ValueError, match="at most"):
+        few_rows_linear(_rand(FEW_ROWS_MAX_ROWS + 1, 32), w)
+    with pytest.raises(ValueError, match="shape"):
+        few_rows_linear(x, _rand(8, 31))
+    with pytest.raises(ValueError, match="out_dtype"):
+        few_rows_linear(x, w, out_dtype=torch.float16)
+    assert few_rows_linear(x[:0], w).shape == (0, 8)
+
+
+@gpu
+@pytest.mark.parametrize("m", [2, 5, 8, 16])
+@pytest.mark.parametrize("n,k", [(12352, 2048), (2048, 6144), (2048, 4096), (151936, 2048)])
+def test_few_rows_linear_serving_shapes(m, n, k):
+    """The 2.3B layout's projections and LM head at verify / small-batch row counts, bf16."""
+    x, w = _rand(m, k, seed=10), _rand(n, k, seed=11) * 0.02
+    want = skinny_linear_ref(x, w, out_dtype=torch.float32)
+    assert rel_err(few_rows_linear(x, w, out_dtype=torch.float32), want) < 1e-5
+    assert rel_err(few_rows_linear(x, w).float(), want) < 4e-3
