@@ -208,7 +208,8 @@ def main() -> int:
                 prof.enable()
                 decode_rate(spec, prompts[batch][:batch], args.tokens)
                 prof.disable()
-                pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+                pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+                pstats.Stats(prof).sort_stats("cumulative").print_stats(45)
             if args.breakdown and batch == runs[0]:
                 row["step_breakdown"] = step_breakdown(spec, prompts[batch], 48)
             rows.append(row)
