@@ -49,6 +49,13 @@ def main() -> None:
         q, k, v, a, b, gating, pools, slots, cu = inputs(batch, 1)
         t_decode = graph_time_us(lambda: [gated_delta_rule_recurrent(q, k, v, a, b, p, slots, cu, gating=gating)
                                           for p in pools], LAYERS)
+        decode_line = [f"batch {batch:3d}: decode (one token a row, state in place) by block_v x warps:"]
+        for bv, warps in ((16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4)):
+            t = graph_time_us(lambda: [gated_delta_rule_recurrent(q, k, v, a, b, p, slots, cu, gating=gating,
+                                                                  block_v=bv, num_warps=warps) for p in pools], LAYERS)
+            rows.append(dict(batch=batch, mode="decode", block_v=bv, num_warps=warps, us_per_layer=t))
+            decode_line.append(f"  bv={bv:3d} w={warps}: {t:6.2f}")
+        print("\n".join(decode_line), flush=True)
         q, k, v, a, b, gating, pools, slots, cu = inputs(batch, args.k + 1)
         replay = (torch.zeros(batch, args.k + 1, HV, D, device="cuda"), torch.zeros(batch, args.k + 1, HV, D, device="cuda"),
                   torch.zeros(batch, args.k + 1, 2, HV, device="cuda"))

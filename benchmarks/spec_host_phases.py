@@ -27,6 +27,7 @@ from hybrid_serve import LLM, SamplingParams  # noqa: E402
 from hybrid_serve import device_io  # noqa: E402
 from hybrid_serve.engine import engine as engine_mod  # noqa: E402
 from hybrid_serve.engine.runner import model_runner  # noqa: E402
+from hybrid_serve.mem_cache import state_pool as state_pool_mod  # noqa: E402
 
 
 class PhaseClock:
@@ -93,6 +94,11 @@ def main() -> int:
     clock.wrap(engine_mod, "PendingHostCopy", "read-back launch")
     clock.wrap(model_runner, "apply_cache_ops", "apply_cache_ops (commit launch)")
     clock.wrap(e.runner.verify_graphs, "run", "verify graph run (inputs + replay)", mark="graph")
+    clock.wrap(e.runner.state_pool, "commit_verified", "  commit_verified")
+    clock.wrap(state_pool_mod, "pinned", "    commit rows to pinned memory")
+    clock.wrap(e.runner.req_table, "set_kv_slots", "  KV table writes (one)")
+    clock.wrap(e.runner.req_table, "set_kv_slots_many", "  KV table writes (many)")
+    clock.wrap(e.runner.req_table, "set_state_slot", "  state-slot table writes")
     clock.wrap(device_io.PendingHostCopy, "wait", "read-back wait", mark="wait")
     before = e.stats().get("spec_verify_rows", 0)
     for p in prompts:

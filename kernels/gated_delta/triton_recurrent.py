@@ -126,7 +126,7 @@ def gated_delta_rule_recurrent(
     receives the state after token s of batch row b (steps >= S dropped), the pool is NOT
     written unless update_pool; update_pool: with a scratch, also write each row's final
     state to its slot (default: only without a scratch); out: optional [T, HV, Dv] buffer; block_v, num_warps: tuning (default 32 value
-    dims per program, 4 warps); gating: optional (A_log [HV], dt_bias [HV]): then g and beta
+    dims per program, 4 warps; deferred verify 16 on 1 warp); gating: optional (A_log [HV], dt_bias [HV]): then g and beta
     are the raw projections a and b, and the kernel applies gdn_gating_ref's gates itself;
     replay: optional (k [B_r >= B, S_r, HV, Dk], v [B_r, S_r, HV, Dv], gb [B_r, S_r, 2, HV]),
     fp32, last dims contiguous: deferred verify, S_r >= the longest row: [b, s] receives what
@@ -187,7 +187,10 @@ def gated_delta_rule_recurrent(
     if batch == 0 or num_tokens == 0:
         return o
     block_k = next_pow2(dk)
-    block_v = block_v or min(next_pow2(dv), 32)
+    # deferred verify keeps no state stores in its loop: 16 value dims on one warp a program
+    # (4x the programs of the decode launch) ran 9.4 -> 7.6 us a layer at batch 1, 49 -> 32 at
+    # 16 and 160 -> 110 at 64 on an H100 (2.3B layout, K = 4; benchmarks/gdn_verify_sweep.py)
+    block_v = block_v or min(next_pow2(dv), 16 if defer else 32)
     if block_v != next_pow2(block_v):
         raise ValueError(f"block_v must be a power of 2, got {block_v}")
     num_warps = num_warps or (1 if block_k * block_v <= 2048 else 4)
