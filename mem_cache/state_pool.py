@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..device_io import pinned, to_device
+from ..device_io import copy_to_device, to_device
 from ..kernels.state_ops import (
     commit_verified_state, commit_verified_state_ref, replay_gdn_state, replay_gdn_state_ref,
 )
@@ -174,8 +174,7 @@ class StatePool:
             values = (list(state_slots) + [-1] * pad + list(accepted_steps) + [-1] * pad
                       + (list(kept_tokens) + [0] * pad + list(checkpoint_masks) + [0] * pad if replay else []))
             graph = self._commit_graphs.get(replay) or self._capture_commit(replay)
-            self._commit_rows[: len(values)].copy_(pinned(values, torch.int64, self.conv_states.device),
-                                                   non_blocking=True)
+            copy_to_device(self._commit_rows, values)
             graph.replay()
             return
         extra = list(kept_tokens) + list(checkpoint_masks) if replay else []

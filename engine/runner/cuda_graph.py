@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from ...device_io import pinned
+from ...device_io import copy_to_device
 from ...mem_cache import KVPool, RequestRowTable, StatePool
 from ...models.forward_batch import ForwardBatch
 
@@ -88,7 +88,7 @@ class DecodeBuffers:
         if size * width != len(flat_meta) or not 0 < size <= self.max_batch:
             raise ValueError(f"graph metadata of {len(flat_meta)} values does not fit {self.max_batch} rows of "
                              f"{self.tokens_per_row} tokens")
-        self.meta[: width * size].copy_(pinned(flat_meta, torch.int64, self.meta.device), non_blocking=True)
+        copy_to_device(self.meta, flat_meta)
         return size
 
     def forward_batch(self, size: int, table: RequestRowTable, kv_pool: KVPool | None, state_pool: StatePool | None,

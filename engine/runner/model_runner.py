@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from ...device_io import pinned, to_device
+from ...device_io import copy_to_device, to_device
 from ...distributed import broadcast_from_rank0
 from ...kernels.attention import warm_up_paged_attention
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
@@ -142,7 +142,7 @@ class ModelRunner:
             fb = self.piecewise.padding_batch(size, plan.req_rows, plan.prefix_lens, plan.extend_lens,
                                               plan.checkpoints)
             input_ids = self.piecewise.input_ids[:size]  # static; the padding tokens' ids are stale, valid ids
-            input_ids[:num_tokens].copy_(pinned(plan.input_ids, torch.int64, self.device), non_blocking=True)
+            copy_to_device(input_ids, plan.input_ids)
         if plan.has_pending:  # a pending token is its row's only token (the scheduler never chunks past one)
             last_token_of_row, cursor = [], 0
             for n in plan.extend_lens:
