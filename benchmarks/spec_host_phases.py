@@ -95,7 +95,7 @@ def main() -> int:
     clock.wrap(model_runner, "apply_cache_ops", "apply_cache_ops (commit launch)")
     clock.wrap(e.runner.verify_graphs, "run", "verify graph run (inputs + replay)", mark="graph")
     clock.wrap(e.runner.state_pool, "commit_verified", "  commit_verified")
-    clock.wrap(state_pool_mod, "pinned", "    commit rows to pinned memory")
+    clock.wrap(state_pool_mod, "copy_to_device", "    commit rows to the device")
     clock.wrap(e.runner.req_table, "set_kv_slots", "  KV table writes (one)")
     clock.wrap(e.runner.req_table, "set_kv_slots_many", "  KV table writes (many)")
     clock.wrap(e.runner.req_table, "set_state_slot", "  state-slot table writes")
