@@ -6,12 +6,12 @@ queues step N+1 while step N still runs (engine/engine.py, "overlap"), so every 
 goes through page-locked memory instead: `to_device` / `copy_to_device` for host lists,
 `PendingHostCopy` for results read back a step later.
 
-The page-locked buffers are reused (`_Staging`): a fresh page-locked tensor per transfer costs
-~40-50 us of host time on an H100 machine (the caching host allocator's bookkeeping), several
-times a step, on the host's critical path while speculative steps cannot overlap (measured
-with benchmarks/spec_host_phases.py). A buffer is written again only once the copy that read
-it has run (an event recorded after each copy; the host waits on it in the rare case it has
-not).
+The page-locked buffers are reused (`_Staging`, `_ReadBack`): a fresh page-locked tensor from
+a list costs ~12-43 us of host time for 8-256 values on an H100 machine, several times a
+step, on the host's critical path while speculative steps cannot overlap
+(benchmarks/staging_bench.py, spec_host_phases.py). Lists are written into the ring through
+numpy (no tensor per list), and a buffer is written again only once the copies that read it
+have run.
 """
 from __future__ import annotations
 
@@ -21,60 +21,100 @@ import torch
 
 
 class _Staging:
-    """A ring of reusable page-locked byte buffers, each guarded by the event recorded after
-    the copy that last used it."""
+    """Page-locked staging for host lists on their way to the device: one buffer used as a
+    ring of segments. Each transfer takes the next bytes of the current segment; moving on to
+    the next segment records an event on the current stream for the one left (every copy
+    reading it is queued by then: transfers copy as soon as they have staged) and waits for
+    the next segment's event from its last use, which the device has long passed in practice
+    (the ring holds many steps' transfers). One event per segment change, none per transfer."""
+
+    SEGMENTS = 8
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes, self.segment = nbytes, nbytes // self.SEGMENTS
+        self.buf: torch.Tensor | None = None
+        self.array = None  # numpy view of buf: lists are written through it (no tensor per list)
+        self.events: list[torch.cuda.Event | None] = [None] * self.SEGMENTS
+        self.current, self.offset = 0, 0  # the segment being filled, the next free byte
+        self.lock = threading.Lock()
+
+    def take(self, nbytes: int) -> int | None:
+        """The byte offset of `nbytes` free to write, or None (larger than a segment)."""
+        nbytes = (nbytes + 63) & ~63
+        if nbytes > self.segment:
+            return None
+        with self.lock:
+            if self.buf is None:
+                self.buf = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=True)
+                self.array = self.buf.numpy()
+            start = self.offset
+            if start + nbytes > (self.current + 1) * self.segment:  # on into the next segment
+                event = self.events[self.current] = self.events[self.current] or torch.cuda.Event()
+                event.record()
+                self.current = (self.current + 1) % self.SEGMENTS
+                waiting = self.events[self.current]
+                if waiting is not None and not waiting.query():
+                    waiting.synchronize()
+                start = self.current * self.segment
+            self.offset = start + nbytes
+            return start
+
+    def stage(self, values: list, dtype: torch.dtype) -> torch.Tensor | None:
+        """`values` written into the ring: a page-locked tensor view, or None (too long)."""
+        np_dtype = _NUMPY_DTYPES.get(dtype)
+        if np_dtype is None:
+            return None
+        itemsize = _ITEMSIZE[dtype]
+        n = len(values)
+        start = self.take(n * itemsize)
+        if start is None:
+            return None
+        self.array[start : start + n * itemsize].view(np_dtype)[:] = values
+        return self.buf[start : start + n * itemsize].view(dtype)
+
+
+class _ReadBack:
+    """Page-locked buffers for step results read back to the host: a ring of slots, each with
+    the event of its last copy (which `wait()` also uses)."""
 
     def __init__(self, slots: int) -> None:
         self.buffers: list[torch.Tensor | None] = [None] * slots
         self.events: list[torch.cuda.Event | None] = [None] * slots
         self.next = 0
-        self.lock = threading.Lock()
 
-    def take(self, nbytes: int) -> tuple[int, torch.Tensor]:
-        """(slot, a page-locked uint8 tensor of >= nbytes) free to write: its last copy has run."""
-        with self.lock:
-            slot = self.next
-            self.next = (slot + 1) % len(self.buffers)
-        event = self.events[slot]
-        if event is not None and not event.query():
-            event.synchronize()
-        buf = self.buffers[slot]
-        if buf is None or buf.numel() < nbytes:
-            buf = torch.empty(max(nbytes, 4096, 2 * (buf.numel() if buf is not None else 0)), dtype=torch.uint8,
-                              pin_memory=True)
-            self.buffers[slot] = buf
-        return slot, buf
-
-    def copied(self, slot: int) -> None:
-        """The copy reading `slot` is queued on the current stream: record its event."""
+    def take(self, nbytes: int) -> tuple[torch.Tensor, torch.cuda.Event]:
+        slot = self.next
+        self.next = (slot + 1) % len(self.buffers)
         event = self.events[slot]
         if event is None:
             event = self.events[slot] = torch.cuda.Event()
-        event.record()
+        elif not event.query():
+            event.synchronize()
+        buf = self.buffers[slot]
+        if buf is None or buf.numel() < nbytes:
+            buf = self.buffers[slot] = torch.empty(max(nbytes, 4096), dtype=torch.uint8, pin_memory=True)
+        return buf, event
 
 
-_TO_DEVICE = _Staging(64)  # host lists on their way to the device (several a step)
-_TO_HOST = _Staging(8)  # step results read back (at most two in flight)
+try:
+    import numpy as np
 
-
-def _staged(values: list, dtype: torch.dtype) -> tuple[int, torch.Tensor]:
-    src = torch.tensor(values, dtype=dtype)
-    slot, buf = _TO_DEVICE.take(src.numel() * src.element_size())
-    host = buf[: src.numel() * src.element_size()].view(dtype)
-    host.copy_(src)
-    return slot, host
+    _NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+except ImportError:  # numpy is optional for torch: stage through fresh page-locked tensors then
+    _NUMPY_DTYPES = {}
+_ITEMSIZE = {torch.int64: 8, torch.int32: 4, torch.float32: 4}
+_TO_DEVICE = _Staging(1 << 20)  # host lists on their way to the device (several a step)
+_TO_HOST = _ReadBack(8)  # step results read back (at most two in flight)
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A host list as a device tensor, copied asynchronously through page-locked memory."""
     if device.type != "cuda":
         return torch.tensor(values, dtype=dtype, device=device)
-    if torch.cuda.is_current_stream_capturing():  # a graph would read the reused buffer at every replay
-        return pinned(values, dtype, device).to(device, non_blocking=True)
-    slot, host = _staged(values, dtype)
-    out = host.to(device, non_blocking=True)
-    _TO_DEVICE.copied(slot)
-    return out
+    host = None if torch.cuda.is_current_stream_capturing() else _TO_DEVICE.stage(values, dtype)
+    if host is None:  # a graph would read the reused buffer at every replay; or too long
+        host = pinned(values, dtype, device)
+    return host.to(device, non_blocking=True)
 
 
 def copy_to_device(dest: torch.Tensor, values: list) -> None:
@@ -83,12 +123,10 @@ def copy_to_device(dest: torch.Tensor, values: list) -> None:
     if dest.device.type != "cuda":
         dest[:n].copy_(torch.tensor(values, dtype=dest.dtype))
         return
-    if torch.cuda.is_current_stream_capturing():
-        dest[:n].copy_(pinned(values, dest.dtype, dest.device), non_blocking=True)
-        return
-    slot, host = _staged(values, dest.dtype)
+    host = None if torch.cuda.is_current_stream_capturing() else _TO_DEVICE.stage(values, dest.dtype)
+    if host is None:
+        host = pinned(values, dest.dtype, dest.device)
     dest[:n].copy_(host, non_blocking=True)
-    _TO_DEVICE.copied(slot)
 
 
 class PendingHostCopy:
@@ -102,11 +140,10 @@ class PendingHostCopy:
             self._host, self._event = tensor, None
             return
         nbytes = tensor.numel() * tensor.element_size()
-        slot, buf = _TO_HOST.take(nbytes)
+        buf, self._event = _TO_HOST.take(nbytes)
         self._host = buf[:nbytes].view(tensor.dtype).view(tensor.shape)
         self._host.copy_(tensor, non_blocking=True)
-        _TO_HOST.copied(slot)
-        self._event = _TO_HOST.events[slot]
+        self._event.record()
 
     def wait(self) -> torch.Tensor:
         if self._event is not None:

@@ -23,14 +23,16 @@ def test_cpu_paths():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1", reason="needs a CUDA GPU")
-def test_staging_ring_under_a_busy_stream():
-    """The device is kept busy (a sleep kernel) while the ring wraps several times: every copy
-    still delivers its own values, whatever was written to its buffer later."""
+def test_staging_ring_under_a_busy_stream(monkeypatch):
+    """The device is kept busy (a sleep kernel) while a small ring wraps several times: every
+    copy still delivers its own values, whatever was written to its buffer later; lists longer
+    than a segment and dtypes without a numpy view take fresh page-locked tensors."""
     dev = torch.device("cuda")
+    ring = device_io._Staging(8 * 1024)  # segments of 1 KiB: 16 transfers of <= 64 bytes each
+    monkeypatch.setattr(device_io, "_TO_DEVICE", ring)
     torch.cuda._sleep(50_000_000)  # ~tens of ms of device work queued before the copies
     outs, want = [], []
-    slots = len(device_io._TO_DEVICE.buffers)
-    for i in range(3 * slots + 5):
+    for i in range(3 * 8 * 16 + 5):
         values = list(range(i, i + 1 + i % 7))
         want.append(values)
         if i % 2:
@@ -39,7 +41,12 @@ def test_staging_ring_under_a_busy_stream():
             d = torch.full((16,), -1, dtype=torch.int64, device=dev)
             copy_to_device(d, values)
             outs.append(d)
-    torch.cuda.synchronize()
+    long = list(range(300))  # 2,400 bytes: more than a segment
+    outs.append(to_device(long, torch.int64, dev))
+    want.append(long)
+    outs.append(to_device([1.5, 2.5], torch.float16, dev))
+    want.append([1.5, 2.5])
+    torch.cuda.synchronize()  # 389 transfers of 64 bytes went round the 8 KiB ring three times
     for i, (out, values) in enumerate(zip(outs, want)):
         assert out[: len(values)].tolist() == values, i
     # read-backs: more than the ring's slots, each read after its own wait
