@@ -1,6 +1,7 @@
 """Host time of one host-list -> device transfer (device_io) against a fresh page-locked tensor,
-for list lengths a step uses (a verify step's commit rows: 256 values); device idle, then
-busy (a queued sleep kernel).
+for list lengths a step uses (a verify step's commit rows: 256 values), with the device idle.
+The "busy" rows queue a long sleep kernel first: ~2,000 queued copies then fill the driver's
+queue and every path blocks until it drains, so they only show that nothing returns early.
 
     python benchmarks/staging_bench.py
 """
@@ -43,8 +44,7 @@ def main() -> None:
                 us = per_call_us(fn)
                 torch.cuda.synchronize()
                 rows[f"{length} {name} {'busy' if busy else 'idle'}"] = round(us, 2)
-    slot, buf = device_io._TO_DEVICE.take(16)
-    rows["staged view is pinned"] = buf[:16].view(torch.int64).is_pinned()
+    rows["staged view is pinned"] = device_io._TO_DEVICE.stage([1, 2], torch.int64).is_pinned()
     for k, v in rows.items():
         print(f"{k:40s} {v}")
     print(json.dumps(rows))
