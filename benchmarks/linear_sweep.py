@@ -53,6 +53,29 @@ def graph_time_us(fn, calls: int, reps: int = 20) -> float:
     return times[len(times) // 2]
 
 
+def best_config(kernel, variant: str, cfgs: list[dict], x, ws, ref, name: str, results: list,
+                reps: int = 20) -> tuple[float, dict | None]:
+    """(us per call, configuration) of the fastest of `cfgs` for kernel(x, w, **cfg) over the
+    weights `ws` (each checked against `ref` first; a wrong or failing one is skipped); every
+    timing is appended to `results`."""
+    best = (float("inf"), None)
+    ref = ref.float()
+    for cfg in cfgs:
+        try:
+            err = (kernel(x, ws[0], **cfg).float() - ref).abs().max().item()
+            if err > 0.02 * ref.abs().max().item() + 1e-3:
+                print(f"  {name} m={x.shape[0]} {cfg}: WRONG (max err {err:.3g})")
+                continue
+            t = graph_time_us(lambda: [kernel(x, w, **cfg) for w in ws], len(ws), reps=reps)
+        except Exception as e:  # noqa: BLE001  (a config that does not fit: skip it)
+            print(f"  {name} m={x.shape[0]} {cfg}: skipped ({type(e).__name__}: {str(e)[:80]})")
+            continue
+        results.append(dict(shape=name, rows=x.shape[0], us=t, variant=variant, **cfg))
+        if t < best[0]:
+            best = (t, cfg)
+    return best
+
+
 def configs(m: int, quick: bool):
     """Around kernels.linear.skinny_config: tiles whose fp32 accumulator fits in <= 128
     registers a thread."""
@@ -89,21 +112,7 @@ def few_rows_main(rows: list[int], json_path: str) -> None:
             ref = skinny_linear_ref(x, ws[0]).float()
             t_cublas = graph_time_us(lambda: [F.linear(x, w) for w in ws], reps_w)
             t_default = graph_time_us(lambda: [few_rows_linear(x, w) for w in ws], reps_w)
-            best = (float("inf"), None)
-            for cfg in cfgs:
-                try:
-                    y = few_rows_linear(x, ws[0], **cfg).float()
-                    err = (y - ref).abs().max().item()
-                    if err > 0.02 * ref.abs().max().item() + 1e-3:
-                        print(f"  {name} m={m} {cfg}: WRONG (max err {err:.3g})")
-                        continue
-                    t = graph_time_us(lambda: [few_rows_linear(x, w, **cfg) for w in ws], reps_w, reps=8)
-                except Exception as e:  # noqa: BLE001  (a config that does not fit: skip it)
-                    print(f"  {name} m={m} {cfg}: skipped ({type(e).__name__}: {str(e)[:80]})")
-                    continue
-                results.append(dict(shape=name, rows=m, us=t, variant="few_rows", **cfg))
-                if t < best[0]:
-                    best = (t, cfg)
+            best = best_config(few_rows_linear, "few_rows", cfgs, x, ws, ref, name, results, reps=8)
             totals[m]["cublas"] += per_step * t_cublas
             totals[m]["default"] += per_step * t_default
             totals[m]["best"] += per_step * best[0]
@@ -143,22 +152,8 @@ def main() -> None:
             gbytes = n * k * 2 / 1e9
             ref = skinny_linear_ref(x, ws[0])
             t_cublas = graph_time_us(lambda: [F.linear(x, w) for w in ws], reps_w)
-            best = (float("inf"), None)
             t_default = graph_time_us(lambda: [skinny_linear(x, w) for w in ws], reps_w)
-            for cfg in configs(m, args.quick):
-                try:
-                    y = skinny_linear(x, ws[0], **cfg)
-                    err = (y.float() - ref.float()).abs().max().item()
-                    if err > 0.02 * ref.float().abs().max().item() + 1e-3:
-                        print(f"  {name} m={m} {cfg}: WRONG (max err {err:.3g})")
-                        continue
-                    t = graph_time_us(lambda: [skinny_linear(x, w, **cfg) for w in ws], reps_w)
-                except Exception as e:  # noqa: BLE001  (a config that does not fit: skip it)
-                    print(f"  {name} m={m} {cfg}: skipped ({type(e).__name__}: {str(e)[:80]})")
-                    continue
-                results.append(dict(shape=name, rows=m, us=t, variant="skinny", **cfg))
-                if t < best[0]:
-                    best = (t, cfg)
+            best = best_config(skinny_linear, "skinny", configs(m, args.quick), x, ws, ref, name, results)
             step_cublas += per_step * t_cublas
             step_best += per_step * min(best[0], t_cublas)
             step_default += per_step * t_default

@@ -6,8 +6,11 @@ projections (out_proj, down_proj: N=2048, K=4096-6144) and adds a reduction kern
 reaches 1.8-2.1 TB/s there on an H200 at one row; here each program owns BLOCK_N (4) output
 features over the whole of K, so there is one launch, no partial sums in memory and many
 programs streaming at once (2.6-3.0 TB/s on the same card, `benchmarks/linear_sweep.py`).
-From two rows on cuBLAS's tensor-core tiles win (each weight tile is read once for all rows,
-where this kernel's [BLOCK_M, BLOCK_N, BLOCK_K] accumulator runs out of registers).
+From two rows on tensor-core tiles win (each weight tile is read once for all rows, where this
+kernel's [BLOCK_M, BLOCK_N, BLOCK_K] accumulator runs out of registers): `few_rows_linear` below
+takes 2-16 rows (a verify row of K + 1 tokens, a small decode batch) in one 16-row MMA tile,
+ahead of cuBLAS at those row counts (1,664 vs 1,740 us for the 2.3B step's linears at 5 rows on
+an H100, weights cold).
 
 Each program keeps an fp32 [BLOCK_M, BLOCK_N, BLOCK_K] accumulator of x * w, adds one K tile
 per iteration without any cross-lane work, and sums over K once at the end; the result is
@@ -60,6 +63,31 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+             out_dtype: torch.dtype | None, max_rows: int) -> tuple[torch.Tensor, int, int, int, bool]:
+    """Both kernels' contract checks and output: (y [M, N] in out_dtype, M, N, K, done), where
+    `done` means nothing is left to launch (no rows or outputs: y is empty; K = 0: y is the bias
+    or zeros)."""
+    check_launch_device(name, x)
+    check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
+    m, k = x.shape
+    if m > max_rows:
+        raise ValueError(f"{name} takes at most {max_rows} rows, got {m}")
+    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
+    n = weight.shape[0]
+    if bias is not None:
+        check_tensor("bias", bias, ndim=1, shape=(n,), device=x.device)
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"out_dtype must be x's dtype or torch.float32, got {out_dtype}")
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y, m, n, k, True
+    if k == 0:
+        return (y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))), m, n, k, True
+    return y, m, n, k, False
+
+
 def skinny_config(m: int, k: int) -> dict:
     """Tile and warps for M rows and K inputs (H200 sweep, `benchmarks/linear_sweep.py`): 4
     output features per program, the widest K tile that keeps the fp32 accumulator at <= 64
@@ -77,23 +105,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default x's dtype;
     torch.float32 gives the unrounded sums for a tensor-parallel reduce). block_n / block_k /
     num_warps override `skinny_config` (benchmarks)."""
-    check_launch_device("skinny_linear", x)
-    check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
-    m, k = x.shape
-    if m > SKINNY_MAX_ROWS:
-        raise ValueError(f"skinny_linear takes at most {SKINNY_MAX_ROWS} rows, got {m}")
-    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
-    n = weight.shape[0]
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1, shape=(n,), device=x.device)
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in (x.dtype, torch.float32):
-        raise ValueError(f"out_dtype must be x's dtype or torch.float32, got {out_dtype}")
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    if m == 0 or n == 0:
+    y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS)
+    if done:
         return y
-    if k == 0:
-        return y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))
     cfg = skinny_config(m, k)
     bn, bk, warps = block_n or cfg["block_n"], block_k or cfg["block_k"], num_warps or cfg["num_warps"]
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
@@ -176,23 +190,9 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     M <= FEW_ROWS_MAX_ROWS. A row's result does not depend on the other rows (each output
     element accumulates over the same K tiles in the same order). The keyword arguments
     override `few_rows_config` (benchmarks)."""
-    check_launch_device("few_rows_linear", x)
-    check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
-    m, k = x.shape
-    if m > FEW_ROWS_MAX_ROWS:
-        raise ValueError(f"few_rows_linear takes at most {FEW_ROWS_MAX_ROWS} rows, got {m}")
-    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
-    n = weight.shape[0]
-    if bias is not None:
-        check_tensor("bias", bias, ndim=1, shape=(n,), device=x.device)
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in (x.dtype, torch.float32):
-        raise ValueError(f"out_dtype must be x's dtype or torch.float32, got {out_dtype}")
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
-    if m == 0 or n == 0:
+    y, m, n, k, done = _prepare("few_rows_linear", x, weight, bias, out_dtype, FEW_ROWS_MAX_ROWS)
+    if done:
         return y
-    if k == 0:
-        return y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))
     cfg = few_rows_config(m, n, k)
     bn = block_n or cfg["block_n"]
     bk = block_k or cfg["block_k"]
