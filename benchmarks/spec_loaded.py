@@ -12,7 +12,8 @@ TTFT p50, and output tokens per second over the whole loop. The plain engine run
 its greedy outputs are the synthetic drafter's true continuations (each draft right with
 probability `--acceptance`); the dummy model is made tie-free (`spec_decode.peak_weights`) so
 that both engines compute the same continuation. Speculation uses the adaptive depth unless
-`--fixed` (K every step). On CPU (`--device cpu --model demo`) a smoke run.
+`--fixed` (K every step). Triton kernels compiled during a measured loop (shapes the warm-up
+missed) are printed and recorded. On CPU (`--device cpu --model demo`) a smoke run.
 """
 from __future__ import annotations
 
@@ -28,18 +29,27 @@ sys.path.insert(0, os.path.dirname(__file__))
 from loaded_tpot import closed_loop  # noqa: E402
 from model_configs import CONFIGS, write_model_dir  # noqa: E402
 from spec_decode import peak_weights  # noqa: E402
-from throughput import workload  # noqa: E402
+from throughput import watch_compiles, workload  # noqa: E402
 
 from hybrid_serve import LLM, SamplingParams  # noqa: E402
 
 
 def loop(llm: LLM, requests, concurrency: int) -> dict:
-    """closed_loop plus output tokens per second over the loop."""
+    """closed_loop plus output tokens per second over the loop, and every Triton kernel compiled
+    (or loaded from the disk cache) during it: a kernel shape the warm-up missed."""
+    compiles: list = []
+    stop_watch = watch_compiles(compiles)
     t = time.perf_counter()
-    out = closed_loop(llm.engine, requests, concurrency)
+    try:
+        out = closed_loop(llm.engine, requests, concurrency)
+    finally:
+        stop_watch()
     wall = time.perf_counter() - t
     out["output_tok_s"] = sum(n for _, n in requests) / wall
     out["wall_s"] = wall
+    out["compiles_while_serving"] = [f"{when - t:.3f} s: {what}" for when, what in compiles]
+    for line in out["compiles_while_serving"]:
+        print("  compiled while serving:", line, flush=True)
     return out
 
 
@@ -102,13 +112,16 @@ def main() -> int:
         drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
         base = plain_runs[c]
         row = dict(metric=f"spec_loaded_c{c}", concurrency=c, num_prompts=len(reqs),
-                   tpot_p50_ratio=run["tpot_ms"]["p50"] / base["tpot_ms"]["p50"] if run["tpot_ms"]["p50"] else None,
+                   tpot_p50_ratio=run["tpot_ms"]["p50"] / base["tpot_ms"]["p50"]
+                   if run["tpot_ms"]["p50"] and base["tpot_ms"]["p50"] else None,
                    output_tok_s_ratio=run["output_tok_s"] / base["output_tok_s"],
                    spec=dict(tpot_ms=run["tpot_ms"], ttft_ms_p50=run["ttft_ms_p50"], output_tok_s=run["output_tok_s"],
                              steps=run["steps"], verify_rows=after["spec_verify_rows"] - before["spec_verify_rows"],
-                             acceptance=(after["spec_accepted_tokens"] - before["spec_accepted_tokens"]) / max(drafted, 1)),
+                             acceptance=(after["spec_accepted_tokens"] - before["spec_accepted_tokens"]) / max(drafted, 1),
+                             compiles_while_serving=run["compiles_while_serving"]),
                    plain=dict(tpot_ms=base["tpot_ms"], ttft_ms_p50=base["ttft_ms_p50"],
-                              output_tok_s=base["output_tok_s"], steps=base["steps"]),
+                              output_tok_s=base["output_tok_s"], steps=base["steps"],
+                              compiles_while_serving=base["compiles_while_serving"]),
                    workload=f"{args.model} dummy, closed loop of {c} in flight, {len(reqs)} requests, prompts "
                             f"{args.input_len} +-50%, outputs {args.output_len} +-50% greedy, synthetic drafter "
                             f"{args.acceptance}, K={args.k} {'fixed' if args.fixed else 'adaptive'}",
@@ -126,10 +139,12 @@ def main() -> int:
             json.dump(row, f, indent=1)
     print(f"{'concurrency':>11s} {'TPOT p50 plain':>14s} {'spec':>7s} {'ratio':>6s} {'tok/s plain':>11s} {'spec':>8s} "
           f"{'ratio':>6s} {'TTFT p50 plain':>14s} {'spec':>7s} {'accept':>6s}")
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731  (no steady requests: None)
     for r in rows:
-        print(f"{r['concurrency']:11d} {r['plain']['tpot_ms']['p50']:14.2f} {r['spec']['tpot_ms']['p50']:7.2f} "
-              f"{r['tpot_p50_ratio']:6.2f} {r['plain']['output_tok_s']:11.1f} {r['spec']['output_tok_s']:8.1f} "
-              f"{r['output_tok_s_ratio']:6.2f} {r['plain']['ttft_ms_p50'] or 0:14.1f} {r['spec']['ttft_ms_p50'] or 0:7.1f} "
+        print(f"{r['concurrency']:11d} {fmt(r['plain']['tpot_ms']['p50'], '14.2f'):>14s} "
+              f"{fmt(r['spec']['tpot_ms']['p50'], '7.2f'):>7s} {fmt(r['tpot_p50_ratio'], '6.2f'):>6s} "
+              f"{r['plain']['output_tok_s']:11.1f} {r['spec']['output_tok_s']:8.1f} {r['output_tok_s_ratio']:6.2f} "
+              f"{fmt(r['plain']['ttft_ms_p50'], '14.1f'):>14s} {fmt(r['spec']['ttft_ms_p50'], '7.1f'):>7s} "
               f"{r['spec']['acceptance']:6.2f}")
     return 0
 
