@@ -10,8 +10,9 @@ The page-locked buffers are reused (`_Staging`, `_ReadBack`): a fresh page-locke
 a list costs ~12-43 us of host time for 8-256 values on an H100 machine, several times a
 step, on the host's critical path while speculative steps cannot overlap
 (benchmarks/staging_bench.py, spec_host_phases.py). Lists are written into the ring through
-numpy (no tensor per list), and a buffer is written again only once the copies that read it
-have run.
+numpy, not turned into a tensor each (on a 2-core CPU: 11 us for 256 values against 35 us for
+`torch.tensor` alone, the first part of a fresh page-locked tensor), and a buffer is written
+again only once the copies that read it have run.
 """
 from __future__ import annotations
 
@@ -64,13 +65,12 @@ class _Staging:
         np_dtype = _NUMPY_DTYPES.get(dtype)
         if np_dtype is None:
             return None
-        itemsize = _ITEMSIZE[dtype]
-        n = len(values)
-        start = self.take(n * itemsize)
+        nbytes = len(values) * np_dtype.itemsize
+        start = self.take(nbytes)
         if start is None:
             return None
-        self.array[start : start + n * itemsize].view(np_dtype)[:] = values
-        return self.buf[start : start + n * itemsize].view(dtype)
+        self.array[start : start + nbytes].view(np_dtype)[:] = values
+        return self.buf[start : start + nbytes].view(dtype)
 
 
 class _ReadBack:
@@ -99,10 +99,10 @@ class _ReadBack:
 try:
     import numpy as np
 
-    _NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32, torch.float32: np.float32}
+    _NUMPY_DTYPES = {torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32),
+                     torch.float32: np.dtype(np.float32)}
 except ImportError:  # numpy is optional for torch: stage through fresh page-locked tensors then
     _NUMPY_DTYPES = {}
-_ITEMSIZE = {torch.int64: 8, torch.int32: 4, torch.float32: 4}
 _TO_DEVICE = _Staging(1 << 20)  # host lists on their way to the device (several a step)
 _TO_HOST = _ReadBack(8)  # step results read back (at most two in flight)
 

@@ -1,8 +1,9 @@
 """Host time of a speculative verify step on a GPU, by phase (2.3B Qwen3.5 layout, peaked dummy
 bf16 weights as in spec_decode.py, batch 1, synthetic drafter at 0.8 per token, K = 4, verify
-graphs): each phase's wall time per verify step, and the device's idle gap it leaves: from the
-moment the host has step N's tokens (the read-back's wait returns) to the launch of step N+1's
-verify graph. While drafts depend on step N's tokens nothing else fills that gap.
+graphs): each phase's wall time per verify-graph step (prefill and plain steps left out), and
+the device's idle gap it leaves: from the moment the host has step N's tokens (the read-back's
+wait returns) to the launch of step N+1's verify graph. While drafts depend on step N's tokens
+nothing else fills that gap.
 
     python benchmarks/spec_host_phases.py [--tokens 128] [--prompts 4]
 """
@@ -34,9 +35,17 @@ class PhaseClock:
     """Wraps callables to add their wall time to a phase; `marks` keeps (event, time) pairs."""
 
     def __init__(self) -> None:
-        self.total = collections.defaultdict(float)
-        self.calls = collections.Counter()
+        self.total = collections.defaultdict(float)  # over the kept steps (`end_step`)
+        self.step = collections.defaultdict(float)  # the engine step now running
         self.marks: list[tuple[str, float]] = []
+
+    def end_step(self, keep: bool) -> None:
+        """Add the step's phases to the totals if `keep` (a verify-graph step), else drop them
+        (prefill and plain steps would inflate per-verify-step figures)."""
+        if keep:
+            for phase, seconds in self.step.items():
+                self.total[phase] += seconds
+        self.step.clear()
 
     def wrap(self, owner, name: str, phase: str, mark: str | None = None) -> None:
         real = getattr(owner, name)
@@ -49,8 +58,7 @@ class PhaseClock:
             end = time.perf_counter()
             if mark:
                 self.marks.append((mark + "_end", end))
-            self.total[phase] += end - t
-            self.calls[phase] += 1
+            self.step[phase] += end - t
             return out
 
         setattr(owner, name, timed)
@@ -81,6 +89,18 @@ def main() -> int:
     e = llm.engine
     clock = PhaseClock()
     clock.wrap(e, "step", "step (all)")
+    timed_step, verify_steps = e.step, 0
+
+    def step():  # phases count for verify-graph steps only
+        nonlocal verify_steps
+        before = e.runner.num_verify_graph_steps
+        out = timed_step()
+        keep = e.runner.num_verify_graph_steps > before
+        verify_steps += keep
+        clock.end_step(keep)
+        return out
+
+    e.step = step
     clock.wrap(e, "_spec_depths", "adaptive depth")
     clock.wrap(e.spec, "propose", "drafter.propose")
     clock.wrap(e.spec, "pad", "pad drafts")
@@ -100,10 +120,8 @@ def main() -> int:
     clock.wrap(e.runner.req_table, "set_kv_slots_many", "  KV table writes (many)")
     clock.wrap(e.runner.req_table, "set_state_slot", "  state-slot table writes")
     clock.wrap(device_io.PendingHostCopy, "wait", "read-back wait", mark="wait")
-    before = e.stats().get("spec_verify_rows", 0)
     for p in prompts:
         llm.generate([p], params)
-    verify_steps = e.stats().get("spec_verify_rows", 0) - before
     gaps, last_wait_end = [], None
     for name, t in clock.marks:
         if name == "wait_end":

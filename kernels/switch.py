@@ -78,7 +78,9 @@ def few_rows_limit() -> int:
         rows = int(value)
     except ValueError:
         raise ValueError(f"{FEW_ROWS_ENV} must be an integer, got {value!r}") from None
-    return max(0, min(rows, FEW_ROWS_DEFAULT_ROWS))
+    from .linear import FEW_ROWS_MAX_ROWS  # imports triton: only when the variable is set
+
+    return max(0, min(rows, FEW_ROWS_MAX_ROWS))
 
 
 def moe_one_row_tiles_allowed() -> bool:

@@ -64,20 +64,18 @@ def _out_like_v(a: dict) -> tuple[tuple[int, ...], torch.dtype]:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x W^T (+ b). x: [..., K]; weight: [N, K]. out_dtype: None (x's dtype) or torch.float32
-    (fp32 accumulation left unrounded, for a tensor-parallel reduce). On the kernel path, bf16/
-    fp16 inputs of one row stream the weight through kernels/linear's skinny kernel and of up to
-    16 rows (a verify row, a small decode batch) through its tensor-core few-rows kernel;
-    everything else goes to torch (cuBLAS on CUDA)."""
+    (fp32 accumulation left unrounded, for a tensor-parallel reduce). On the kernel path bf16/fp16
+    rows go through kernels/linear: one row (skinny kernel) or up to 16 (tensor-core few-rows
+    kernel: a verify row, a small decode batch); everything else to torch (cuBLAS on CUDA)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if (0 < rows <= max(skinny_rows_limit(), few_rows_limit()) and x.dtype in (torch.bfloat16, torch.float16)
+    skinny = skinny_rows_limit()
+    if (0 < rows <= max(skinny, few_rows_limit()) and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and use_triton(x)):
         flat = x.reshape(rows, x.shape[-1])
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        if rows <= skinny_rows_limit():
-            y = _linear.skinny_linear(flat, weight, bias, out_dtype)
-        else:
-            y = _linear.few_rows_linear(flat, weight, bias, out_dtype)
+        kernel = _linear.skinny_linear if rows <= skinny else _linear.few_rows_linear
+        y = kernel(flat, weight, bias, out_dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     if out_dtype is None or out_dtype == x.dtype:
         return F.linear(x, weight, bias)

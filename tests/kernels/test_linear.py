@@ -124,8 +124,8 @@ def test_few_rows_linear_matches_ref(m, n, k, w_left, bias):
 
 
 def test_few_rows_linear_rows_are_independent():
-    """A row's result does not depend on how many rows come with it (a verify row's logits
-    equal its plain-decode logits on the same kernel)."""
+    """A row's result does not depend on how many rows come with it (an eager step of 5 rows
+    and the graph of 8 rows it would be padded to give the same bits)."""
     x, w = _rand(FEW_ROWS_MAX_ROWS, 160, seed=4), _rand(48, 160, seed=5)
     full = few_rows_linear(x, w, out_dtype=torch.float32, block_n=16, block_k=32)
     for m in (2, 5, 9):
