@@ -6,15 +6,19 @@ rows costs far more than either alone).
 
 A variant `DxPxL` is D decode rows (prefilled before, decoding) plus P new prompts of L tokens,
 scheduled together as one step (synchronous engine, so the step is timed alone). Per variant,
-on the second occurrence of its shape (the first warms): the step's wall (synchronized), then
+after one occurrence of its shape that warms: the step's wall (synchronized; the median of
+--repeats samples, each a fresh batch of the same shape), then
 the same shape under the torch profiler: GPU kernel time, kernels launched and the kernels with
-the most GPU time. The step's host share is wall - GPU time.
+the most GPU time; then its GPU time once more with the host queued ahead of the device (a
+sleep kernel first, events around the step: the cross-check where the profiler sees no
+kernels inside CUDA graphs). The step's host share is wall - GPU time.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -24,8 +28,12 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+SLEEP_CYCLES = 4e8  # ~200 ms at an H100's ~1.8 GHz: longer than any step's host work here
+
+
 def run_variant(engine, decode_rows: int, prompts: int, prompt_len: int, vocab: int, seed: int,
-                profile: bool, cpu_profile: bool = False, py_profile: bool = False) -> dict:
+                profile: bool, cpu_profile: bool = False, py_profile: bool = False,
+                queued_ahead: bool = False) -> dict:
     """Prefill `decode_rows` requests and let them decode, then add the prompts and time the one
     step that carries them all."""
     from hybrid_serve import SamplingParams
@@ -76,6 +84,20 @@ def run_variant(engine, decode_rows: int, prompts: int, prompt_len: int, vocab: 
         out["gpu_ms"] = sum(v[0] for v in by_name.values())
         out["kernels"] = sum(v[1] for v in by_name.values())
         out["top"] = sorted(([k, round(v[0], 3), v[1]] for k, v in by_name.items()), key=lambda r: -r[1])[:10]
+    elif queued_ahead:
+        # GPU time with the host run ahead: a sleep kernel holds the stream while the step queues
+        # its launches, then events time the queued work (the end event follows the step's own
+        # read-back, so a few tens of us of return latency are included). Valid while the step
+        # does not wait for the device before its last launch; `queued_before_sleep_end` says so.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(SLEEP_CYCLES))
+        start.record()
+        t = time.perf_counter()
+        engine.step()
+        end.record()
+        torch.cuda.synchronize()
+        out["gpu_queued_ms"] = start.elapsed_time(end)
+        out["host_step_ms_behind_sleep"] = (time.perf_counter() - t) * 1e3
     else:
         t = time.perf_counter()
         engine.step()
@@ -99,6 +121,7 @@ def main() -> None:
     ap.add_argument("--py-profile", default="", help="comma-separated variants to run once more under cProfile")
     ap.add_argument("--no-cudnn-sdp", action="store_true", help="torch SDPA without its cuDNN backend")
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
+    ap.add_argument("--repeats", type=int, default=5, help="timed samples per variant (the median is reported)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from model_configs import CONFIGS, write_model_dir
@@ -115,22 +138,38 @@ def main() -> None:
                   async_scheduling=False, prefill_hold_steps=0)
     kwargs.update(json.loads(args.engine_args))
     engine = LLM(**kwargs).engine
+    from hybrid_serve.engine.runner.model_runner import cuda_memory_note
+    memory = cuda_memory_note(engine.runner.device)
+    print(f"after start-up: {memory}", flush=True)
     vocab = min(CONFIGS[args.model]().vocab_size, 32000)
     rows = []
     for k, spec in enumerate(args.variants.split(",")):
         d, p, n = (int(x) for x in spec.split("x"))
         run_variant(engine, d, p, n, vocab, 100 * k, profile=False)  # warms the shape
-        timed = run_variant(engine, d, p, n, vocab, 100 * k + 30, profile=False)
+        walls = [run_variant(engine, d, p, n, vocab, 100 * k + 30 + r, profile=False) for r in range(args.repeats)]
+        timed = dict(wall_ms=statistics.median(w["wall_ms"] for w in walls),
+                     wall_samples_ms=[round(w["wall_ms"], 3) for w in walls],
+                     alloc_retries=sum(w["alloc_retries"] for w in walls))
         prof = run_variant(engine, d, p, n, vocab, 100 * k + 60, profile=True)
-        row = dict(variant=spec, decode_rows=d, prompts=p, prompt_len=n, **timed, **prof)
+        queued = [run_variant(engine, d, p, n, vocab, 100 * k + 70 + r, profile=False, queued_ahead=True)
+                  for r in range(3)]
+        row = dict(variant=spec, decode_rows=d, prompts=p, prompt_len=n, **timed, **prof,
+                   gpu_queued_ms=statistics.median(q["gpu_queued_ms"] for q in queued),
+                   gpu_queued_samples_ms=[round(q["gpu_queued_ms"], 3) for q in queued])
         if spec in args.py_profile.split(","):
             row.update(run_variant(engine, d, p, n, vocab, 100 * k + 80, profile=False, py_profile=True))
         if spec in args.cpu_profile.split(","):
             row.update(run_variant(engine, d, p, n, vocab, 100 * k + 90, profile=False, cpu_profile=True))
         rows.append(row)
-        print(f"{spec:>10}: wall {row['wall_ms']:7.2f} ms  GPU {row['gpu_ms']:7.2f} ms  kernels {row['kernels']:4d}  "
+        if not row["kernels"]:
+            print(f"{spec:>10}: the profiler recorded no kernels on this machine: no GPU time, no host share")
+        print(f"{spec:>10}: wall {row['wall_ms']:7.2f} ms (samples {row['wall_samples_ms']})  GPU {row['gpu_ms']:7.2f} ms  kernels {row['kernels']:4d}  "
               f"host share {max(0.0, row['wall_ms'] - row['gpu_ms']):6.2f} ms  alloc retries {row['alloc_retries']}",
               flush=True)
+        print(f"{'':>10}  GPU with the host queued ahead {row['gpu_queued_ms']:7.2f} ms "
+              f"(samples {row['gpu_queued_samples_ms']}): host share "
+              f"{max(0.0, row['wall_ms'] - row['gpu_queued_ms']):6.2f} ms = "
+              f"{max(0.0, row['wall_ms'] - row['gpu_queued_ms']) / row['gpu_queued_ms']:.1%} of it", flush=True)
         for name, ms, count in row["top"][:6]:
             print(f"             {ms:8.3f} ms {count:4d}x {name}")
         if "py_top" in row:
@@ -141,7 +180,7 @@ def main() -> None:
             print(f"        host {ms:8.3f} ms {count:4d}x {name}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(model=args.model, device=torch.cuda.get_device_name(), rows=rows,
+            json.dump(dict(model=args.model, device=torch.cuda.get_device_name(), rows=rows, memory_after_start=memory,
                            config=kwargs | dict(model=args.model)), f, indent=1)
 
 

@@ -247,6 +247,10 @@ def main() -> None:
     result["pool_setup"] = {k: v for k, v in vars(setup).items() if isinstance(v, (int, float, str))}
     graphs = engine.runner.decode_graphs
     result["decode_graph_sizes"] = sorted(graphs.graphs) if graphs is not None else []
+    if cuda:
+        from hybrid_serve.engine.runner.model_runner import cuda_memory_note
+        result["memory_after_start"] = cuda_memory_note(engine.runner.device)
+        print(f"after start-up: {result['memory_after_start']}")
     print(f"start-up {result['startup_s']:.1f} s; pools {result['pool_setup']}; decode graphs up to "
           f"{max(result['decode_graph_sizes'] or [0])} ({len(result['decode_graph_sizes'])} sizes)")
     vocab = 4096 if args.model == "demo" else CONFIGS[args.model]().vocab_size

@@ -11,6 +11,8 @@ pending ids first broadcasts rank 0's `last_tokens` to the other ranks over the 
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from tqdm.auto import tqdm
 
@@ -25,6 +27,8 @@ from .cuda_graph import DecodeGraphs, decode_meta
 from .piecewise_graph import PiecewiseGraphs, piecewise_sizes
 from .step_plan import MtpPlan, StepPlan
 
+logger = logging.getLogger(__name__)
+
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_pool: KVPool, state_pool: StatePool, req_table: RequestRowTable,
@@ -34,7 +38,8 @@ class ModelRunner:
         size, and with verify_tokens_per_row = K + 1 > 1 (speculative decoding with K drafts
         and a state scratch) verify graphs too; piecewise_max_tokens > 0 (CUDA only) captures
         piecewise graphs for the other steps of up to that many tokens (piecewise_graph.py);
-        warm_up_tokens > 0 first runs `warm_up` (CUDA only)."""
+        warm_up_tokens > 0 then runs `warm_up` (CUDA only), after the captures: the eager steps
+        must fit beside the graph pools."""
         self.model = model
         self.kv_pool = kv_pool
         self.state_pool = state_pool
@@ -51,8 +56,6 @@ class ModelRunner:
         # MTP drafting reads the last forward's final hidden states ([T, H], token order)
         self.keep_hidden = getattr(model, "mtp", None) is not None
         self.last_hidden: torch.Tensor | None = None
-        if warm_up_tokens > 0 and self.device.type == "cuda":
-            self.warm_up(warm_up_tokens)
         if cuda_graph_max_batch > 0:
             if self.device.type != "cuda":
                 raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
@@ -80,6 +83,19 @@ class ModelRunner:
             except Exception as exc:
                 raise RuntimeError(f"piecewise CUDA graph capture failed ({exc!r}); start with "
                                    "enable_piecewise_graphs=False to run these steps eagerly") from exc
+        if warm_up_tokens > 0 and self.device.type == "cuda":
+            # last, beside every graph pool: an eager step of the largest size that does not fit
+            # fails the start here, not a step while serving
+            before = cuda_memory_note(self.device)
+            try:
+                self.warm_up(warm_up_tokens)
+            except torch.OutOfMemoryError as exc:
+                raise RuntimeError(
+                    f"an eager step of {warm_up_tokens} tokens does not fit beside the cache and the CUDA graphs "
+                    f"(before the warm-up: {before}; {exc}); start with a smaller gpu_memory_utilization or "
+                    "max_num_batched_tokens") from exc
+        if self.device.type == "cuda":
+            logger.info("GPU memory after start-up: %s", cuda_memory_note(self.device))
 
     def use_decode_graphs(self, max_batch: int) -> DecodeGraphs:
         """Route decode steps of up to max_batch rows through DecodeGraphs (captured by the
@@ -251,11 +267,20 @@ class ModelRunner:
         return torch.stack(drafts, dim=1)
 
 
+def graph_pool_bytes(device: torch.device) -> int:
+    """Bytes the allocator holds in private pools (CUDA graphs' memory) on `device`."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if seg.get("device", index) == index and tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
 def cuda_memory_note(device: torch.device) -> str:
     """The device's memory in one line (GiB): free of total, and what torch's allocator holds
-    (allocated, reserved)."""
+    (allocated, reserved, of which in CUDA graphs' private pools)."""
     gib = 1 << 30
     free, total = torch.cuda.mem_get_info(device)
     stats = torch.cuda.memory_stats(device)
     return (f"free {free / gib:.2f} of {total / gib:.2f} GiB, allocated {stats.get('allocated_bytes.all.current', 0) / gib:.2f}, "
-            f"reserved {stats.get('reserved_bytes.all.current', 0) / gib:.2f}")
+            f"reserved {stats.get('reserved_bytes.all.current', 0) / gib:.2f} "
+            f"(graph pools {graph_pool_bytes(device) / gib:.2f})")
