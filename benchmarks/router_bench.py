@@ -88,9 +88,13 @@ def decision_time(seed: int, rate: float = 500.0, seconds: float = 4.0) -> dict:
             "load_average_1m": os.getloadavg()[0]}
 
 
-def predicted_hit_error(seed: int, hybrid_index: bool = True, page_size: int = 16, interval: int = 64) -> dict:
+def predicted_hit_error(seed: int, hybrid_index: bool = True, page_size: int = 16, interval: int = 64,
+                        num_state_slots: int = 8) -> dict:
     """Pages between predicted and realized reusable prefix per request, replicas evicting
-    checkpoints under state-pool pressure."""
+    checkpoints under state-pool pressure: 8 slots a replica for its 6 conversations and 2
+    running requests (with 10, the engine's eviction order, which drops dominated interval
+    checkpoints first and lets interval checkpoints take no resume point, evicts none that a
+    later turn would reach for, and an index ignoring checkpoints predicts as well)."""
     from ..deploy.request_router import CacheEventRing
     from ..mem_cache import CacheManager
     from ..routing import PrefixAwarePolicy, ReplicaStats, RoutingRequest
@@ -98,7 +102,8 @@ def predicted_hit_error(seed: int, hybrid_index: bool = True, page_size: int = 1
 
     rng = random.Random(seed)
     names = [f"r{i}" for i in range(4)]
-    caches = {n: CacheManager(num_pages=160, page_size=page_size, num_state_slots=10, num_rows=2, max_context=4096)
+    caches = {n: CacheManager(num_pages=160, page_size=page_size, num_state_slots=num_state_slots, num_rows=2,
+                           max_context=4096)
               for n in names}
     rings = {n: CacheEventRing(page_size) for n in names}
     for n in names:
@@ -122,9 +127,7 @@ def predicted_hit_error(seed: int, hybrid_index: bool = True, page_size: int = 1
         predicted_total += placement.predicted_hit_tokens
         cache.ensure_kv(alloc, len(prompt))
         positions = sorted(set(range(interval, len(prompt), interval)) | {(len(prompt) - 1) // page_size * page_size})
-        for position in positions:
-            if position > realized:
-                cache.schedule_checkpoint(alloc, position, copy_after_step=position == len(prompt))
+        cache.schedule_checkpoints(alloc, [p for p in positions if p > realized], len(prompt))
         cache.commit_checkpoints(alloc, prompt)
         cache.release(alloc)
         rings[placement.replica_id].extend(cache.take_events())

@@ -67,7 +67,7 @@ class CacheEventRing:
             self.checkpoints[hashes[-1]] = None
             if len(self.checkpoints) > self.max_checkpoints:  # (a bound only: predicts less)
                 self.checkpoints.pop(next(iter(self.checkpoints)))
-        else:  # checkpoint_evicted, kv_evicted
+        else:  # checkpoint_evicted, checkpoint_skipped, kv_evicted
             for h in hashes:
                 self.checkpoints.pop(h, None)
 

@@ -89,14 +89,14 @@ class Scheduler:
         return min(req.num_tokens_to_compute, self.config.chunked_prefill_size, budget)
 
     def _schedule_checkpoints(self, chunk: ScheduledChunk) -> None:
-        """Give the chunk's checkpoint positions their slots: inside the chunk the kernels
-        write them, at its end the state is copied after the step."""
+        """Give the chunk's checkpoint positions their slots (`CacheManager.schedule_checkpoints`:
+        the deepest first): inside the chunk the kernels write them, at its end the state is
+        copied after the step."""
         req, start = chunk.request, chunk.request.num_computed_tokens
         end = start + chunk.num_tokens
-        for position in self._checkpoint_positions(req, start, end):
-            slot = self.cache.schedule_checkpoint(req.alloc, position, copy_after_step=position == end)
-            if slot is not None and position < end:
-                chunk.checkpoints.append((position - start, slot))
+        taken = self.cache.schedule_checkpoints(req.alloc, self._checkpoint_positions(req, start, end), end)
+        chunk.checkpoints += [(position - start, slot) for position, slot in taken if slot is not None
+                              and position < end]
 
     # ----- the step ----------------------------------------------------------------------
     def decode_candidates(self) -> list[Request]:

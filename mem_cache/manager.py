@@ -30,6 +30,7 @@ class RequestAlloc:
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
     pending_checkpoints: list[tuple[int, int | None]] = field(default_factory=list)
+    skipped_checkpoints: list[int] = field(default_factory=list)  # positions that got no slot this step
 
 
 @dataclass
@@ -82,13 +83,14 @@ class CacheManager:
             self._free_tree_items(*self.tree.evict_kv(count - self.pages.num_free))
         return self.pages.alloc(count) if self.pages.num_free >= count else None
 
-    def _alloc_state_slot(self, keep: RadixNode | None = None) -> int | None:
+    def _alloc_state_slot(self, keep: RadixNode | None = None, dominated_only: bool = False) -> int | None:
         """A free state slot, evicting the least recently used checkpoint when none is free
         (`RadixCache.evict_state`: unlocked ones first, then those on running requests' paths,
-        never `keep`'s); None when the tree holds no other checkpoint. (Evicting KV leaves would
-        free no slot then: it would only empty the cache and stall admission.)"""
+        never `keep`'s; with `dominated_only`, only a checkpoint a deeper one on its chain
+        makes redundant); None when the tree holds no such checkpoint. (Evicting KV leaves
+        would free no slot then: it would only empty the cache and stall admission.)"""
         if self.state_slots.num_free == 0:
-            slots = self.tree.evict_state(1, keep=keep)
+            slots = self.tree.evict_state(1, keep=keep, dominated_only=dominated_only)
             if not slots:
                 return None
             self._free_tree_items([], slots)
@@ -189,11 +191,14 @@ class CacheManager:
         alloc.pending_checkpoints.append((position, slot))
         return True
 
-    def schedule_checkpoint(self, alloc: RequestAlloc, position: int, copy_after_step: bool) -> int | None:
+    def schedule_checkpoint(self, alloc: RequestAlloc, position: int, copy_after_step: bool,
+                            may_evict: bool = True) -> int | None:
         """Take a state checkpoint of the request at `position` this step: returns the slot it
         goes to (None, and nothing taken, if it is not a page boundary or no slot is free).
         With `copy_after_step` (the position is the step's last) the request's slot is copied
-        into it after the forward; otherwise the state kernels write it during the forward."""
+        into it after the forward; otherwise the state kernels write it during the forward.
+        `may_evict` False: only a free slot or a dominated checkpoint's
+        (`schedule_checkpoints`)."""
         if not self.enable_prefix_cache or position % self.page_size:
             return None
         if any(p == position for p, _ in alloc.pending_checkpoints):
@@ -201,19 +206,38 @@ class CacheManager:
         if not self.needs_state:  # attention only: the KV alone is reusable, no state slot
             alloc.pending_checkpoints.append((position, None))
             return None
-        slot = self._alloc_state_slot()
+        slot = self._alloc_state_slot(dominated_only=not may_evict)
         if slot is None:
+            alloc.skipped_checkpoints.append(position)
             return None
         if copy_after_step:
             self.post_ops.copy(alloc.state_slot, slot)
         alloc.pending_checkpoints.append((position, slot))
         return slot
 
+    def schedule_checkpoints(self, alloc: RequestAlloc, positions: list[int], end: int) -> list[tuple[int, int]]:
+        """A step's checkpoints of one request (positions inside its chunk and at its end
+        `end`): the deepest goes first and may evict another checkpoint (it is where a next
+        turn resumes: the prompt's end, or the latest point of a reply); those behind it take
+        free slots or dominated checkpoints' only. Otherwise one long prompt's interval
+        checkpoints (a 7k-token prompt leaves 27) push every other conversation's resume point
+        out of a replica short of state slots. Returns the (position, slot) pairs taken, by
+        position."""
+        taken = []
+        for i, position in enumerate(sorted(positions, reverse=True)):
+            slot = self.schedule_checkpoint(alloc, position, copy_after_step=position == end, may_evict=i == 0)
+            if slot is not None:
+                taken.append((position, slot))
+        return sorted(taken)
+
     def commit_checkpoints(self, alloc: RequestAlloc, token_ids: list[int]) -> None:
         """The step ran: donate each pending snapshot, and the KV before it, to the tree."""
         pending, alloc.pending_checkpoints = alloc.pending_checkpoints, []
         for position, slot in sorted(pending):
             self._commit_checkpoint(alloc, token_ids, position, slot)
+        skipped, alloc.skipped_checkpoints = alloc.skipped_checkpoints, []
+        for position in skipped:
+            self.tree.record_skipped_checkpoint(token_ids[:position])
 
     def _commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int], position: int, slot: int | None) -> None:
         num_pages = position // self.page_size

@@ -44,7 +44,8 @@ class CacheEvent:
     """What the tree forgot or gained, for the router's prefix index (routing/prefix_index.py,
     which turns the token ids into block hashes): `token_ids` is the prefix up to the end of
     the affected span, `start` its first affected token (kv_evicted). Kinds:
-    "checkpoint_taken", "checkpoint_evicted", "kv_evicted", "reset" (no tokens)."""
+    "checkpoint_taken", "checkpoint_evicted", "checkpoint_skipped" (a request passed a
+    checkpoint position and could take none there), "kv_evicted", "reset" (no tokens)."""
 
     kind: str
     token_ids: tuple[int, ...] = ()
@@ -130,10 +131,21 @@ class RadixCache:
     def _record(self, kind: str, node: RadixNode) -> None:
         if self.events is None:
             return
+        tokens = self.path_tokens(node)
+        self._append_event(CacheEvent(kind, tokens, len(tokens) - len(node.tokens)))
+
+    def _append_event(self, event: CacheEvent) -> None:
         if len(self.events) >= self.MAX_PENDING_EVENTS:  # nobody took them: the reader must resync
             self.events[:] = [CacheEvent("reset")]
-        tokens = self.path_tokens(node)
-        self.events.append(CacheEvent(kind, tokens, len(tokens) - len(node.tokens)))
+        self.events.append(event)
+
+    def record_skipped_checkpoint(self, token_ids: list[int]) -> None:
+        """A request passed a checkpoint position and took no checkpoint there (no state slot
+        to be had): the router's index, which predicts one at every interval it sends, hears
+        that none is there (unless the tree holds one from another request)."""
+        if self.events is None or self.match(token_ids, len(token_ids), touch=False).num_tokens == len(token_ids):
+            return
+        self._append_event(CacheEvent("checkpoint_skipped", list(token_ids), max(len(token_ids) - self.page_size, 0)))
 
     def _path_pages(self, node: RadixNode) -> list[int]:
         chunks = []
@@ -277,7 +289,7 @@ class RadixCache:
                 best, best_key = node, full
         return best
 
-    def evict_state(self, num_slots: int, keep: RadixNode | None = None) -> list[int]:
+    def evict_state(self, num_slots: int, keep: RadixNode | None = None, dominated_only: bool = False) -> list[int]:
         """Drop checkpoints: first those a deeper checkpoint on the same unbranched chain
         dominates (`_dominated`), then those of unlocked nodes, then those on running
         requests' paths (a lock protects a node's KV, which a running request reads; its
@@ -285,13 +297,17 @@ class RadixCache:
         recently used first within each. Without the first rule, the interval checkpoints
         of each new long prompt push out every conversation's last checkpoint (the one its
         next turn resumes from) and the branch points of shared prefixes. KV stays. `keep`:
-        a node whose checkpoint must stay (one an admission is about to copy)."""
+        a node whose checkpoint must stay (one an admission is about to copy).
+        `dominated_only`: drop dominated checkpoints only (fewer than asked, or none, if there
+        are not enough)."""
         if num_slots == 1:  # the common call (one slot for an admission or a checkpoint): one pass
             victim = self._first_victim(keep)
             victims = [victim] if victim is not None else []
         else:
             order = lambda n: (not self._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
             victims = sorted((n for n in self._holders if n is not keep), key=order)[:num_slots]
+        if dominated_only:
+            victims = [n for n in victims if self._dominated(n)]
         freed = []
         for node in victims:
             self._record("checkpoint_evicted", node)

@@ -17,6 +17,8 @@ Events (what a replica publishes, `cache_event` turning its token ids into the c
 hashes of the blocks they affect, so an event stays small however long the prefix):
     {"kind": "checkpoint_taken",   "block_hashes": [hash of the block ending at the checkpoint]}
     {"kind": "checkpoint_evicted", "block_hashes": [same]}
+    {"kind": "checkpoint_skipped", "block_hashes": [same]}   a checkpoint position passed with
+                                   no slot to be had: none there (the index predicted one)
     {"kind": "kv_evicted",         "block_hashes": [hashes of the evicted blocks]}
     {"kind": "reset"}              the replica restarted or cleared its cache: forget it all
 """
@@ -178,7 +180,7 @@ class BlockPrefixIndex:
         blocks = self._replica(replica_id)
         if kind == "checkpoint_taken":
             blocks.touch(hashes[-1], checkpoint=True)
-        elif kind == "checkpoint_evicted":
+        elif kind in ("checkpoint_evicted", "checkpoint_skipped"):
             if hashes[-1] in blocks.blocks:
                 blocks.blocks[hashes[-1]] = False
         elif kind == "kv_evicted":

@@ -209,3 +209,37 @@ def test_default_max_model_len_is_the_models_where_kv_fits():
     assert setup.checkpoints_per_request == 1025
     with pytest.raises(ValueError, match="holds 1 state slots"):
         plan_pools(layout, 400_000, dataclasses.replace(options, max_model_len=1024))  # not even 2 slots
+
+
+def test_interval_checkpoints_do_not_push_out_other_conversations_resume_points():
+    """A long prompt's checkpoints with no free state slot: its deepest (the prompt's end,
+    where its next turn resumes) evicts the least recently used checkpoint; the interval
+    checkpoints behind it take only dominated checkpoints' slots, so the other conversations'
+    resume points stay (they were all evicted before: one 7k-token prompt leaves 27)."""
+    cache = CacheManager(num_pages=64, page_size=4, num_state_slots=5, num_rows=4, max_context=96)
+    ends = []
+    for user in range(3):  # three conversations' prompt ends, each a resume point
+        prompt = [100 + user] * 8
+        alloc = cache.admit(prompt, 8)
+        assert cache.ensure_kv(alloc, 8)
+        assert cache.schedule_checkpoints(alloc, [4], 8)  # dominates nothing
+        cache.commit_checkpoints(alloc, prompt)
+        cache.release(alloc)
+        ends.append(prompt[:4])
+    long_prompt = list(range(1, 41))
+    b = cache.admit(long_prompt, 40)  # its own slot: 4 of 5 taken
+    assert cache.ensure_kv(b, 40)
+    taken = cache.schedule_checkpoints(b, [8, 16, 24, 32, 36], 40)
+    # the deepest (36) takes the free slot; 8..32 find neither a free slot nor a dominated checkpoint
+    assert [p for p, _ in taken] == [36] and cache.stats.evicted_checkpoints == 0
+    cache.commit_checkpoints(b, long_prompt)
+    cache.release(b)
+    survivors = [cache.tree.match(e + [0], 5).node.state_slot is not None for e in ends]
+    assert survivors == [True] * 3  # before: 8 took the free slot, 16, 24 and 32 every resume point
+    # a second long prompt: its deepest evicts (no slot is free), its interval checkpoints still take nothing
+    c = cache.admit(list(range(200, 240)), 40)
+    assert c is not None and cache.ensure_kv(c, 40)
+    assert [p for p, _ in cache.schedule_checkpoints(c, [16, 32, 36], 40)] == [36]
+    cache.commit_checkpoints(c, list(range(200, 240)))
+    cache.release(c)
+    cache.check_integrity()

@@ -108,9 +108,7 @@ def test_the_index_agrees_with_the_engines_radix_cache_under_eviction(workload):
         index.record_sent("r0", prompt)
         assert cache.ensure_kv(alloc, len(prompt))
         positions = sorted({p for p in range(INTERVAL, len(prompt), INTERVAL)} | {(len(prompt) - 1) // PS * PS})
-        for position in positions:
-            if position > alloc.num_tree_pages * PS:
-                cache.schedule_checkpoint(alloc, position, copy_after_step=position == len(prompt))
+        cache.schedule_checkpoints(alloc, [p for p in positions if p > alloc.num_tree_pages * PS], len(prompt))
         cache.commit_checkpoints(alloc, prompt)
         cache.release(alloc)
         for event in cache.take_events():
