@@ -213,6 +213,11 @@ class ForwardBatch:
         req_rows_t, prefix_lens_t, extend_lens_t, cu_t = meta.split([batch, batch, batch, batch + 1])
         fb = cls.build(req_rows_t, prefix_lens_t, extend_lens_t, cu_t, cu[-1], max(extend_lens), table, kv_pool,
                        state_pool)
+        for row, offset, _ in checkpoints:  # every path checks here (the Triton ones again per kernel)
+            if not (0 <= row < batch and 0 < offset < extend_lens[row]):
+                raise ValueError(f"checkpoint offset {offset} is not inside batch row {row} "
+                                 f"({extend_lens[row] if 0 <= row < batch else 'no such row'} tokens): "
+                                 "a checkpoint at a row's end is a copy after the step")
         fb.checkpoints = list(checkpoints)
         fb.min_extend_len = min(extend_lens)
         fb.plan = PlanLists(list(req_rows), list(prefix_lens), list(extend_lens), cu)

@@ -121,33 +121,14 @@ class ModelRunner:
         return self.piecewise
 
     def warm_up(self, max_tokens: int) -> None:
-        """Run every kind of eager step serving meets before the engine says ready (the decode
-        graphs' shapes run when they are captured): steps of padding tokens (request row 0:
-        KV slot 0 and state slot 0, the dummies) of 2 .. `max_tokens` tokens in one row (about
-        1.5x apart), the same mixed with decode rows, short prompts side by side (2 .. 64 rows),
-        and steps taking prefix-cache checkpoints. The kernels compile once per compile-time
-        configuration (no per-step values are specialized: kernels/__init__.py); the spread of
-        token and row counts also lets
-        cuBLAS load the GEMM kernels that the token counts (and the LM head's sampled rows)
-        select, and the allocator reach its working set."""
-        limit = min(max_tokens, self.req_table.max_context)
-        powers = [1 << i for i in range(1, 16)]
-        lengths = sorted({n for n in powers + [3 * p for p in powers[2:]] if n <= limit} | {limit})
-        shapes = [[n] for n in lengths] + [[n] + [1] * 15 for n in lengths if n + 15 <= limit]
-        shapes += [[40] * rows for rows in (2, 3, 5, 8, 12, 20, 30, 48, 64) if 40 * rows <= limit]
-        shapes += [[64] * 6] if 6 * 64 <= limit else []  # several long rows: the Triton extend-attention kernel
-        plans = [(extend_lens, []) for extend_lens in shapes]
-        if self.state_pool.num_slots >= 1:
-            # prefix-cache checkpoints (into free slot 1, rewritten before any use): inside a
-            # prompt chunk, at its end, and on a decode row, whose conv window taps come from
-            # the row's slot (the two variants of the conv snapshot kernel)
-            n = min(64, limit)
-            plans += [([n], [(0, n // 2, 1)]), ([n], [(0, n, 1)])]
-            plans += [([n, 1, 1], [(2, 1, 1)])] if n + 2 <= limit else []
-        for extend_lens, checkpoints in tqdm(plans, desc="Warm-up (kernel shapes)", unit="shape"):
-            batch = len(extend_lens)
-            plan = StepPlan(req_rows=[0] * batch, prefix_lens=[0] * batch, extend_lens=extend_lens,
-                            input_ids=[0] * sum(extend_lens), sample_rows=list(range(batch)), checkpoints=checkpoints)
+        """Run every kind of eager step serving meets (`warm_up_plans`) before the engine says
+        ready (the decode graphs' shapes run when they are captured), then the paged
+        attention variants. The kernels compile once per compile-time configuration (no
+        per-step values are specialized: kernels/__init__.py); the spread of token and row
+        counts also lets cuBLAS load the GEMM kernels that the token counts (and the LM head's
+        sampled rows) select, and the allocator reach its working set."""
+        plans = warm_up_plans(min(max_tokens, self.req_table.max_context), self.state_pool.num_slots)
+        for plan in tqdm(plans, desc="Warm-up (kernel shapes)", unit="shape"):
             self.execute(plan)
         layouts = {m.num_heads for m in self.model.modules() if isinstance(m, PagedAttention)}
         for num_q_heads in tqdm(sorted(layouts), desc="Warm-up (attention variants)", unit="layout"):
@@ -274,6 +255,28 @@ class ModelRunner:
             drafts.append(self.model.compute_logits(last).argmax(dim=-1))
             positions = [p + 1 for p in positions]
         return torch.stack(drafts, dim=1)
+
+
+def warm_up_plans(limit: int, num_state_slots: int) -> list[StepPlan]:
+    """The warm-up's steps, all of padding tokens (request row 0: KV slot 0 and state slot 0,
+    the dummies): 2 .. `limit` tokens in one row (about 1.5x apart), the same mixed with 15
+    decode rows, short prompts side by side (2 .. 64 rows), several long rows (the Triton
+    extend-attention kernel), and prefix-cache checkpoints inside a chunk (into free slot 1,
+    rewritten before any use): past the conv window's width, and at offset 1, whose window
+    taps come from the row's slot (the conv snapshot kernel's two variants; a checkpoint at a
+    chunk's end is a copy after the step, no kernel)."""
+    powers = [1 << i for i in range(1, 16)]
+    lengths = sorted({n for n in powers + [3 * p for p in powers[2:]] if n <= limit} | {limit})
+    shapes = [[n] for n in lengths] + [[n] + [1] * 15 for n in lengths if n + 15 <= limit]
+    shapes += [[40] * rows for rows in (2, 3, 5, 8, 12, 20, 30, 48, 64) if 40 * rows <= limit]
+    shapes += [[64] * 6] if 6 * 64 <= limit else []
+    plans = [(extend_lens, []) for extend_lens in shapes]  # (extend_lens, checkpoints)
+    if num_state_slots >= 1 and limit >= 3:
+        n = min(64, limit)
+        plans += [([n], [(0, n // 2, 1)]), ([n], [(0, 1, 1)]), ([n, 1], [(0, 1, 1)])]
+    return [StepPlan(req_rows=[0] * len(lens), prefix_lens=[0] * len(lens), extend_lens=lens,
+                     input_ids=[0] * sum(lens), sample_rows=list(range(len(lens))), checkpoints=checkpoints)
+            for lens, checkpoints in plans]
 
 
 def graph_pool_bytes(device: torch.device) -> int:
