@@ -84,7 +84,10 @@ def hit_accounting(results: list[dict], conversations, system_tokens: int = KEY_
 def affinity(trace_path: str, results: list[dict], conversations, system_tokens: int = KEY_AT) -> dict:
     """For each later turn of the traced run: stayed on its previous turn's replica, or moved
     (by the decision's reason, and whether the previous replica was predicted to hold more);
-    hit tokens lost against the best case in each group; the workload's requests per replica."""
+    hit tokens lost against the best case in each group; for moved turns, what the load
+    reports said of the previous replica against the chosen one (no free state slot there
+    and one here, more waiting tokens, more running: which cost term moved them); the
+    workload's requests per replica."""
     users = {conversation_key(c[0], system_tokens): u for u, c in enumerate(conversations)}
     turn_of = [{len(p): t for t, p in enumerate(c)} for c in conversations]
     decisions, routed = {}, {}
@@ -119,6 +122,12 @@ def affinity(trace_path: str, results: list[dict], conversations, system_tokens:
         best = best_case_tokens(conversations[u], t, system_tokens=system_tokens)
         c["requests"] += 1
         c["lost_tokens"] += best - hits[(u, t)]
+        if replica != prev and d is not None:  # what the load reports said of the two replicas
+            was, now = d["replicas"].get(prev, {}), d["replicas"].get(replica, {})
+            c["previous_no_free_slot_chosen_had_one"] += was.get("free_slots", 1) == 0 and now.get("free_slots", 0) > 0
+            c["previous_more_waiting_tokens"] += was.get("waiting_tokens", 0) > now.get("waiting_tokens", 0)
+            c["waiting_tokens_previous_minus_chosen"] += was.get("waiting_tokens", 0) - now.get("waiting_tokens", 0)
+            c["previous_more_running"] += was.get("running", 0) > now.get("running", 0)
     per_replica = Counter(routed.values())
     return {"decision_reasons": dict(reasons), "requests_per_replica": sorted(per_replica.values()),
             "later_turns": {g: dict(c) for g, c in sorted(groups.items())}}
