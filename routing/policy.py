@@ -35,6 +35,8 @@ class ReplicaStats:
     num_free_state_slots: int = 0
     num_free_kv_pages: int = 0
     num_received_requests: int = -1  # requests the replica ever received (-1: not reported)
+    # state slots held by prefix-cache checkpoints: a new request evicts one when none is free
+    num_checkpoint_state_slots: int = 0
 
     @classmethod
     def from_dict(cls, replica_id: str, stats: dict) -> "ReplicaStats":
@@ -42,7 +44,14 @@ class ReplicaStats:
         a missing arrival counter as -1)."""
         return cls(replica_id, *(int(stats.get(k, 0)) for k in (
             "num_running", "num_waiting", "num_waiting_tokens", "num_free_state_slots", "num_free_kv_pages")),
-            num_received_requests=int(stats.get("num_received_requests", -1)))
+            num_received_requests=int(stats.get("num_received_requests", -1)),
+            num_checkpoint_state_slots=int(stats.get("num_checkpoint_state_slots", 0)))
+
+    @property
+    def num_obtainable_state_slots(self) -> int:
+        """Slots a new request can get: free ones, and those a checkpoint holds (the engine's
+        admission evicts one when none is free)."""
+        return self.num_free_state_slots + self.num_checkpoint_state_slots
 
     @property
     def queue_len(self) -> int:
@@ -133,7 +142,12 @@ class PrefixAwarePolicy:
     Every replica is scored, those where nothing matches too (saved 0): saved = the reusable
     prefix the index predicts there (ending at a state checkpoint on a hybrid model), cost =
     its waiting tokens + `running_cost_tokens` per running request, + `no_slot_cost_tokens`
-    without a free state slot (a hybrid replica's concurrency is capped by them, not by KV),
+    when no state slot can be had (a hybrid replica's concurrency is capped by them, not by
+    KV): none free and, with `checkpoint_slots_obtainable` (default), none held by a
+    prefix-cache checkpoint either, since the engine's admission evicts one (counting free
+    slots only, a warm replica's cache full of checkpoints reads as full, and flickers to one
+    free slot as requests end: on 4 GPUs, 42 of 128 later turns left the replica holding
+    their history for the replica that had just freed one),
     + what this policy placed there since the replica's last load report (reports lag by up to
     the stats period: without this a burst goes wholly to the replica that looked best in the
     last one). A placement counts until the replica's next report (one whose load changed),
@@ -178,7 +192,7 @@ class PrefixAwarePolicy:
                  max_sessions: int = 100_000, unreported_ttl_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic, saved_weight: float = 1.0,
                  conversation_half_life_s: float = 60.0, conversation_slack: float = 1.0,
-                 continuation_weight: float = 4.0) -> None:
+                 continuation_weight: float = 4.0, checkpoint_slots_obtainable: bool = True) -> None:
         if not saved_weight > 0:
             raise ValueError(f"saved_weight must be > 0, got {saved_weight!r}")
         if not conversation_half_life_s > 0:
@@ -188,6 +202,7 @@ class PrefixAwarePolicy:
         if not continuation_weight >= 1:
             raise ValueError(f"continuation_weight must be >= 1, got {continuation_weight!r}")
         self.continuation_weight = continuation_weight
+        self.checkpoint_slots_obtainable = checkpoint_slots_obtainable
         self.index = index
         self.fallback = PowerOfTwoChoices(seed)
         self._rng = random.Random(seed)
@@ -207,8 +222,9 @@ class PrefixAwarePolicy:
         self.new_conversations: dict[str, tuple[float, float]] = {}  # replica -> (decayed count, as of when)
 
     def _cost(self, r: ReplicaStats, extra: _Unreported | None) -> int:
+        slots = r.num_obtainable_state_slots if self.checkpoint_slots_obtainable else r.num_free_state_slots
         return (r.num_waiting_tokens + (extra.tokens if extra else 0) + self.running_cost_tokens * r.num_running
-                + (self.no_slot_cost_tokens if r.num_free_state_slots == 0 else 0))
+                + (self.no_slot_cost_tokens if slots == 0 else 0))
 
     def _balanced(self, queue_len: int, least_queue: int) -> bool:
         return queue_len <= max(self.imbalance_ratio * least_queue, least_queue + self.imbalance_min)

@@ -42,10 +42,11 @@ def test_stats_round_trip_from_the_engine_view():
     from hybrid_serve.engine.admission import LoadView
 
     view = LoadView(num_running=2, num_waiting=5, num_waiting_tokens=70, num_free_req_rows=6,
-                    num_free_state_slots=9, num_free_kv_pages=33, max_num_seqs=8)
+                    num_free_state_slots=9, num_free_kv_pages=33, max_num_seqs=8, num_checkpoint_state_slots=4)
     stats = ReplicaStats.from_dict("r0", view.routing_stats())
     assert (stats.num_running, stats.num_waiting, stats.num_waiting_tokens, stats.num_free_state_slots,
-            stats.num_free_kv_pages) == (2, 5, 70, 9, 33)
+            stats.num_free_kv_pages, stats.num_checkpoint_state_slots) == (2, 5, 70, 9, 33, 4)
+    assert stats.num_obtainable_state_slots == 13
 
 
 # ----- PrefixAwarePolicy: what it scores and what it counts as load --------------------------------

@@ -138,6 +138,12 @@ def test_policy_weighs_saved_tokens_against_load_and_state_slots():
     assert policy.choose(RoutingRequest(prompt), fresh).replica_id == "long"
     no_slots = [_idle("short"), ReplicaStats("long", num_free_state_slots=0)]  # saved 196 < 4096 penalty
     assert policy.choose(RoutingRequest(prompt), no_slots).replica_id == "short"
+    # no free slot, but checkpoints hold some: an admission evicts one, so no penalty ...
+    warm = [_idle("short"), ReplicaStats("long", num_free_state_slots=0, num_checkpoint_state_slots=12)]
+    assert policy.choose(RoutingRequest(prompt), warm).replica_id == "long"
+    # ... unless the policy counts free slots only
+    free_only = PrefixAwarePolicy(index, seed=0, checkpoint_slots_obtainable=False)
+    assert free_only.choose(RoutingRequest(prompt), warm).replica_id == "short"
     busy = [_idle("short"), _idle("long", num_running=40), _idle("idle")]
     assert policy.choose(RoutingRequest(prompt), busy).replica_id == "short"  # 40 running cost more than 196 saved
     fresh_index = BlockPrefixIndex(PS, INTERVAL)  # (placements above recorded the prompt on "short" too)
