@@ -236,8 +236,7 @@ class CacheManager:
         for position, slot in sorted(pending):
             self._commit_checkpoint(alloc, token_ids, position, slot)
         skipped, alloc.skipped_checkpoints = alloc.skipped_checkpoints, []
-        for position in skipped:
-            self.tree.record_skipped_checkpoint(token_ids[:position])
+        self.tree.record_skipped_checkpoints(token_ids, skipped)
 
     def _commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int], position: int, slot: int | None) -> None:
         num_pages = position // self.page_size

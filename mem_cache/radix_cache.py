@@ -139,13 +139,24 @@ class RadixCache:
             self.events[:] = [CacheEvent("reset")]
         self.events.append(event)
 
-    def record_skipped_checkpoint(self, token_ids: list[int]) -> None:
-        """A request passed a checkpoint position and took no checkpoint there (no state slot
-        to be had): the router's index, which predicts one at every interval it sends, hears
-        that none is there (unless the tree holds one from another request)."""
-        if self.events is None or self.match(token_ids, len(token_ids), touch=False).num_tokens == len(token_ids):
+    def record_skipped_checkpoints(self, token_ids: list[int], positions: list[int]) -> None:
+        """A request passed these checkpoint positions of `token_ids` and took no checkpoint
+        there (no state slot to be had): the router's index, which predicts one at every
+        interval it sends, hears that none is there, except where the tree holds one from
+        another request (one walk down the request's path finds those)."""
+        if self.events is None or not positions:
             return
-        self._append_event(CacheEvent("checkpoint_skipped", list(token_ids), max(len(token_ids) - self.page_size, 0)))
+        held, node, pos, end = set(), self.root, 0, max(positions)
+        while pos < end:
+            child = node.children.get(self._key(token_ids, pos))
+            if child is None or self._common_pages(child, token_ids, pos) * self.page_size < len(child.tokens):
+                break
+            node, pos = child, pos + len(child.tokens)
+            if self._usable(node):
+                held.add(pos)
+        for position in sorted(set(positions) - held):
+            self._append_event(CacheEvent("checkpoint_skipped", list(token_ids[:position]),
+                                          max(position - self.page_size, 0)))
 
     def _path_pages(self, node: RadixNode) -> list[int]:
         chunks = []

@@ -243,3 +243,28 @@ def test_interval_checkpoints_do_not_push_out_other_conversations_resume_points(
     cache.commit_checkpoints(c, list(range(200, 240)))
     cache.release(c)
     cache.check_integrity()
+
+
+def test_skipped_checkpoints_are_published_unless_the_tree_holds_one():
+    """Positions a request passed without a checkpoint (no slot) reach the router's index as
+    checkpoint_skipped events, in one walk down the request's path; a position where the tree
+    already holds another request's checkpoint is not reported (that one is there)."""
+    cache = CacheManager(num_pages=64, page_size=4, num_state_slots=3, num_rows=4, max_context=96)
+    shared = list(range(1, 9))
+    a = cache.admit(shared + [50, 51, 52, 53], 12)
+    assert cache.ensure_kv(a, 12)
+    assert [p for p, _ in cache.schedule_checkpoints(a, [8], 12)] == [8]  # a checkpoint at the shared prefix
+    cache.commit_checkpoints(a, shared + [50, 51, 52, 53])
+    cache.release(a)
+    cache.take_events()  # recording starts here
+    prompt = shared + list(range(60, 92))  # 40 tokens over the same first 8
+    b = cache.admit(prompt, 40)  # hits 8: its own slot, 1 free left
+    assert cache.ensure_kv(b, 40)
+    taken = cache.schedule_checkpoints(b, [8, 16, 24, 32, 36], 40)
+    assert [p for p, _ in taken] == [36]  # the deepest; the others: no free or dominated slot
+    cache.commit_checkpoints(b, prompt)
+    skipped = [e for e in cache.take_events() if e.kind == "checkpoint_skipped"]
+    assert sorted(len(e.token_ids) for e in skipped) == [16, 24, 32]  # 8 is held (a's checkpoint)
+    assert all(list(e.token_ids) == prompt[:len(e.token_ids)] for e in skipped)
+    cache.release(b)
+    cache.check_integrity()
