@@ -53,7 +53,7 @@ class CacheEventRing:
     def extend(self, events) -> None:
         """mem_cache.CacheEvent objects, as the engine took them."""
         for e in events:
-            event = cache_event(e.kind, e.token_ids, self.page_size, e.start)
+            event = cache_event(e.kind, e.token_ids, self.page_size, e.start, e.positions)
             self.events.append((self.next_seq, event))
             self.next_seq += 1
             self._track(event)

@@ -44,12 +44,14 @@ class CacheEvent:
     """What the tree forgot or gained, for the router's prefix index (routing/prefix_index.py,
     which turns the token ids into block hashes): `token_ids` is the prefix up to the end of
     the affected span, `start` its first affected token (kv_evicted). Kinds:
-    "checkpoint_taken", "checkpoint_evicted", "checkpoint_skipped" (a request passed a
-    checkpoint position and could take none there), "kv_evicted", "reset" (no tokens)."""
+    "checkpoint_taken", "checkpoint_evicted", "checkpoint_skipped" (a request passed the
+    checkpoint `positions` of `token_ids` and could take none there: one event for all of a
+    step's, the prefix up to the last), "kv_evicted", "reset" (no tokens)."""
 
     kind: str
     token_ids: tuple[int, ...] = ()
     start: int = 0
+    positions: tuple[int, ...] = ()
 
 
 @dataclass
@@ -154,9 +156,9 @@ class RadixCache:
             node, pos = child, pos + len(child.tokens)
             if self._usable(node):
                 held.add(pos)
-        for position in sorted(set(positions) - held):
-            self._append_event(CacheEvent("checkpoint_skipped", list(token_ids[:position]),
-                                          max(position - self.page_size, 0)))
+        missing = tuple(sorted(set(positions) - held))
+        if missing:
+            self._append_event(CacheEvent("checkpoint_skipped", tuple(token_ids[:missing[-1]]), 0, missing))
 
     def _path_pages(self, node: RadixNode) -> list[int]:
         chunks = []

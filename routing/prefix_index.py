@@ -17,8 +17,9 @@ Events (what a replica publishes, `cache_event` turning its token ids into the c
 hashes of the blocks they affect, so an event stays small however long the prefix):
     {"kind": "checkpoint_taken",   "block_hashes": [hash of the block ending at the checkpoint]}
     {"kind": "checkpoint_evicted", "block_hashes": [same]}
-    {"kind": "checkpoint_skipped", "block_hashes": [same]}   a checkpoint position passed with
-                                   no slot to be had: none there (the index predicted one)
+    {"kind": "checkpoint_skipped", "block_hashes": [the block ending at each position]}
+                                   checkpoint positions a request passed with no slot to be
+                                   had: none there (the index predicted them)
     {"kind": "kv_evicted",         "block_hashes": [hashes of the evicted blocks]}
     {"kind": "reset"}              the replica restarted or cleared its cache: forget it all
 """
@@ -41,13 +42,17 @@ def block_hashes(token_ids: Sequence[int], page_size: int, limit: int | None = N
     return out
 
 
-def cache_event(kind: str, token_ids: Sequence[int] = (), page_size: int = 1, start: int = 0) -> dict:
+def cache_event(kind: str, token_ids: Sequence[int] = (), page_size: int = 1, start: int = 0,
+                positions: Sequence[int] = ()) -> dict:
     """A replica's cache event (mem_cache.CacheEvent: kind, the prefix's token ids up to the
-    end of the affected span, its first affected token) as the index takes it: the hashes of
-    the affected blocks only (the last one for a checkpoint, the evicted ones for KV)."""
+    end of the affected span, its first affected token, the skipped checkpoint positions) as
+    the index takes it: the hashes of the affected blocks only (the last one for a
+    checkpoint, the evicted ones for KV, the block ending at each skipped position)."""
     hashes = block_hashes(token_ids, page_size)
     if kind == "kv_evicted":
         hashes = hashes[start // page_size:]
+    elif kind == "checkpoint_skipped":
+        hashes = [hashes[p // page_size - 1] for p in positions if 0 < p <= len(hashes) * page_size]
     elif hashes:
         hashes = hashes[-1:]
     return {"kind": kind, "block_hashes": hashes}
@@ -180,9 +185,13 @@ class BlockPrefixIndex:
         blocks = self._replica(replica_id)
         if kind == "checkpoint_taken":
             blocks.touch(hashes[-1], checkpoint=True)
-        elif kind in ("checkpoint_evicted", "checkpoint_skipped"):
+        elif kind == "checkpoint_evicted":
             if hashes[-1] in blocks.blocks:
                 blocks.blocks[hashes[-1]] = False
+        elif kind == "checkpoint_skipped":
+            for h in hashes:
+                if h in blocks.blocks:
+                    blocks.blocks[h] = False
         elif kind == "kv_evicted":
             for h in hashes:
                 blocks.blocks.pop(h, None)

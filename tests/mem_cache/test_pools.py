@@ -264,7 +264,12 @@ def test_skipped_checkpoints_are_published_unless_the_tree_holds_one():
     assert [p for p, _ in taken] == [36]  # the deepest; the others: no free or dominated slot
     cache.commit_checkpoints(b, prompt)
     skipped = [e for e in cache.take_events() if e.kind == "checkpoint_skipped"]
-    assert sorted(len(e.token_ids) for e in skipped) == [16, 24, 32]  # 8 is held (a's checkpoint)
-    assert all(list(e.token_ids) == prompt[:len(e.token_ids)] for e in skipped)
+    assert len(skipped) == 1 and skipped[0].positions == (16, 24, 32)  # 8 is held (a's checkpoint)
+    assert list(skipped[0].token_ids) == prompt[:32]
+    from hybrid_serve.routing.prefix_index import block_hashes, cache_event
+
+    hashes = block_hashes(prompt, 4)
+    assert cache_event("checkpoint_skipped", skipped[0].token_ids, 4, 0, skipped[0].positions) == {
+        "kind": "checkpoint_skipped", "block_hashes": [hashes[3], hashes[5], hashes[7]]}
     cache.release(b)
     cache.check_integrity()

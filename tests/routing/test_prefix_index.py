@@ -112,7 +112,7 @@ def test_the_index_agrees_with_the_engines_radix_cache_under_eviction(workload):
         cache.commit_checkpoints(alloc, prompt)
         cache.release(alloc)
         for event in cache.take_events():
-            index.apply_event("r0", cache_event(event.kind, event.token_ids, PS, event.start))
+            index.apply_event("r0", cache_event(event.kind, event.token_ids, PS, event.start, event.positions))
 
 
 def test_policy_prefers_the_replica_holding_the_prefix_and_records_placements():
