@@ -96,8 +96,7 @@ class Scheduler:
         req, start = chunk.request, chunk.request.num_computed_tokens
         end = start + chunk.num_tokens
         taken = self.cache.schedule_checkpoints(req.alloc, self._checkpoint_positions(req, start, end), end)
-        chunk.checkpoints += [(position - start, slot) for position, slot in taken if slot is not None
-                              and position < end]
+        chunk.checkpoints += [(position - start, slot) for position, slot in taken if position < end]
 
     # ----- the step ----------------------------------------------------------------------
     def decode_candidates(self) -> list[Request]:
@@ -234,7 +233,7 @@ class Scheduler:
             if req.finished:
                 continue
             req.num_computed_tokens += chunk.num_real_tokens  # accepted drafts: when read back
-            if req.alloc.pending_checkpoints:
+            if req.alloc.has_step_checkpoints:
                 self.cache.commit_checkpoints(req.alloc, req.token_ids)
 
     def finish(self, request: Request) -> None:

@@ -32,6 +32,12 @@ class RequestAlloc:
     pending_checkpoints: list[tuple[int, int | None]] = field(default_factory=list)
     skipped_checkpoints: list[int] = field(default_factory=list)  # positions that got no slot this step
 
+    @property
+    def has_step_checkpoints(self) -> bool:
+        """Checkpoints this step took or skipped: `commit_checkpoints` donates the ones taken
+        and reports the skipped ones to the router's index."""
+        return bool(self.pending_checkpoints or self.skipped_checkpoints)
+
 
 @dataclass
 class CacheStats:

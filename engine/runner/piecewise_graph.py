@@ -189,8 +189,8 @@ class PiecewiseGraphs:
     def _release(self, pieces: Pieces, pool) -> None:
         """Let the pool reuse a captured size's tensors: its recorded calls keep non-owning views
         of them. Done after each size, so the pool holds about the largest size's activations,
-        not the sum over sizes (which, held to the end, took 8.6 GB beside the cache on an
-        H100 and left eager 8k-token steps without memory)."""
+        not the sum over sizes (held to the end, they and the decode graphs' per-size logits
+        made 8.6 GB of graph pools on an H100, and eager 8k-token steps ran out of memory)."""
         torch.cuda.synchronize(self.device)
         ranges = self._pool_ranges(pool)
         for call in pieces.calls:

@@ -107,6 +107,6 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
     for req, taken in checkpoints:  # copied after the commit: it may write their states (see above)
         for q, src in taken:
             cache.checkpoint_from(req.alloc, q, src)
-        if req.alloc.pending_checkpoints:
+        if req.alloc.has_step_checkpoints:
             cache.commit_checkpoints(req.alloc, req.token_ids)
     return outputs

@@ -273,3 +273,24 @@ def test_skipped_checkpoints_are_published_unless_the_tree_holds_one():
         "kind": "checkpoint_skipped", "block_hashes": [hashes[3], hashes[5], hashes[7]]}
     cache.release(b)
     cache.check_integrity()
+
+
+def test_a_step_whose_checkpoints_were_all_skipped_still_reports_them():
+    """No checkpoint taken at all (every slot a running request's own): the step has nothing
+    to donate, but its skipped positions must still reach the router's index; the scheduler
+    commits on `has_step_checkpoints`, not on pending checkpoints alone."""
+    cache = CacheManager(num_pages=64, page_size=4, num_state_slots=2, num_rows=4, max_context=96)
+    cache.take_events()  # recording starts here
+    other = cache.admit([9] * 8, 8)  # holds one slot
+    prompt = list(range(1, 25))
+    b = cache.admit(prompt, 24)  # the other slot: none free, no checkpoint to evict
+    assert cache.ensure_kv(b, 24)
+    assert cache.schedule_checkpoints(b, [8, 16, 20], 24) == []
+    assert not b.pending_checkpoints and b.has_step_checkpoints
+    cache.commit_checkpoints(b, prompt)
+    assert not b.has_step_checkpoints
+    skipped = [e for e in cache.take_events() if e.kind == "checkpoint_skipped"]
+    assert len(skipped) == 1 and skipped[0].positions == (8, 16, 20)
+    for alloc in (other, b):
+        cache.release(alloc)
+    cache.check_empty()
