@@ -168,13 +168,14 @@ def main() -> None:
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
     ap.add_argument("--cache-compare", type=int, default=1, help="also time 8k with the prefix cache off")
     ap.add_argument("--profile", default=None, help="comma-separated lengths: profile them instead of the table")
+    ap.add_argument("--profile-top", type=int, default=18, help="kernels and host functions listed per profile")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     if args.profile:
         with tempfile.TemporaryDirectory() as tmp:
             profile_ttft(write_model_dir(args.model, tmp), [int(x) for x in args.profile.split(",")],
-                         json.loads(args.engine_args))
+                         json.loads(args.engine_args), top=args.profile_top)
         return
     device = torch.cuda.get_device_name(0)
     rate = matmul_tflops()

@@ -3,11 +3,18 @@ at the 2.3B model's shapes (bf16): extend attention (one q head per program vs G
 rows, tile sizes) against the paged kernel and torch's SDPA, and the causal conv's tiling.
 Each row checks its output against the first variant of its table first.
 
-    python benchmarks/prefill_kernels_tune.py
+    python benchmarks/prefill_kernels_tune.py [attention] [conv] [variants] [--json OUT]
+
+`variants`: the choices the kernels keep as module-level switches, at each family's 8k shapes:
+the conv's interior path (blocks whose taps all lie in the step's input skip the window
+loads) on and off, and the chunked state kernel's value block and pipelining stages (GDN
+and Mamba2 SSD), each against the copy floor / the default in the same run.
 """
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +22,10 @@ import torch.nn.functional as F
 from hybrid_serve.kernels.attention import extend_attention, paged_attention, store_kv
 from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen
 from hybrid_serve.kernels.causal_conv1d import triton_conv
+from hybrid_serve.kernels._chunks import build_chunk_table
+from hybrid_serve.kernels.gated_delta import gated_delta_rule_chunked, gdn_gating
+from hybrid_serve.kernels.gated_delta import triton_chunk
+from hybrid_serve.kernels.mamba_ssm import ssd_chunked
 
 
 def cuda_ms(fn, reps=5):
@@ -105,8 +116,117 @@ def conv_table(T=8192, D=8192, K=4):
                 print(f"  tile {tile:4d} block_d {bd:4d} block_t {bt:3d} {ms:8.3f} ms  err {rel(out, want):.1e}")
 
 
+def conv_variants(T=8192) -> list[dict]:
+    """The conv at each family's prompt shape: the tiled kernel with the interior path off (the
+    old default) and on at several tilings, and the scan kernel at several tilings."""
+    dev, bf = "cuda", torch.bfloat16
+    shapes = {  # name: (channels, taps, width of the tensor x is a column slice of, its offset)
+        "qwen3_5_2p3b": (8192, 4, 8192 + 4096 + 64, 0),
+        "nemotron_h_1b": (5120, 4, 8240, 3072),
+        "lfm2_1b": (2048, 3, 2048, 0),
+    }
+    tiled = [(False, 64, 32, 128, None)] + [(True, *v) for v in (
+        (64, 32, 128, None), (64, 16, 128, 4), (64, 16, 256, 4), (64, 8, 256, 4), (64, 32, 64, 4), (64, 32, 128, 8),
+        (128, 32, 128, 4))]
+    scans = [(64, 256, 2, 1), (64, 256, 2, 2), (64, 128, 1, 1), (64, 128, 1, 2), (128, 256, 2, 1), (128, 256, 2, 3),
+             (32, 256, 2, 1), (64, 512, 4, 1), (64, 512, 4, 2), (128, 128, 1, 2), (256, 256, 2, 2), (64, 256, 1, 2)]
+    rows = []
+    saved = (triton_conv.INTERIOR_PATH[0], triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0])
+    for name, (D, K, width, offset) in shapes.items():
+        x = torch.randn(T, width, device=dev, dtype=bf)[:, offset:offset + D]
+        w = torch.randn(D, K, device=dev, dtype=bf) * 0.3
+        pool0 = torch.randn(4, D, K - 1, device=dev, dtype=bf)
+        slots = torch.tensor([1], device=dev, dtype=torch.int32)
+        cu = torch.tensor([0, T], device=dev, dtype=torch.int32)
+        floor_ms = 2 * T * D * 2 / 4.0e9  # read x, write y at 4 TB/s
+        want = None
+        variants = [("tiled", v) for v in tiled] + [("scan", v) for v in scans]
+        for kind, v in variants:
+            if kind == "tiled":
+                interior, tile, bt, bd, warps = v
+                triton_conv.INTERIOR_PATH[0], triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0] = interior, tile, None
+                label = f"tiled interior {interior!s:5s} tile {tile:3d} bt {bt:2d} bd {bd:3d} warps {warps}"
+            else:
+                triton_conv.PREFILL_SCAN[0] = v
+                bt = bd = warps = None
+                label = "scan tile {:3d} bd {:3d} warps {} stages {}".format(*v)
+            pool = pool0.clone()
+            fn = lambda bd=bd, bt=bt, warps=warps: causal_conv1d_varlen(  # noqa: E731
+                x, w, None, pool, slots, cu, "silu", max_seqlen=T, block_d=bd, block_t=bt, num_warps=warps)
+            out = fn()
+            want = (out, pool.clone()) if want is None else want
+            err = max(rel(out, want[0]), rel(pool, want[1]))
+            pool.copy_(pool0)
+            ms = cuda_ms(fn, reps=20)
+            rows.append({"table": "conv", "shape": name, "kind": kind, "variant": list(v), "ms": ms,
+                         "floor_4tbs_ms": floor_ms, "err": err})
+            print(f"  conv {name:14s} D {D} K {K} {label:52s} {ms:7.3f} ms (floor {floor_ms:.3f})  err {err:.1e}",
+                  flush=True)
+    triton_conv.INTERIOR_PATH[0], triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0] = saved
+    return rows
+
+
+def state_variants(T=8192) -> list[dict]:
+    """The chunked recurrences (GDN at the 2.3B shape, Mamba2 SSD at Nemotron-H 1B's) with the
+    state kernel's value block and pipelining stages varied; one 8k row, checkpoints every 256."""
+    dev, bf = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    cu_list = [0, T]
+    ckpts = [(0, o, 2 + i) for i, o in enumerate(range(256, T, 256))]
+    chunks = build_chunk_table(cu_list, [0], ckpts, dev, 64)
+    slots = torch.tensor([1], device=dev, dtype=torch.int32)
+    rows = []
+    # GDN: H=16 key heads, HV=32 value heads, 128 x 128 states
+    q, k = (torch.randn(T, 16, 128, device=dev, dtype=bf, generator=g) for _ in range(2))
+    v = torch.randn(T, 32, 128, device=dev, dtype=bf, generator=g)
+    gate, beta = gdn_gating(torch.randn(T, 32, device=dev, dtype=bf, generator=g),
+                            torch.randn(T, 32, device=dev, dtype=bf, generator=g),
+                            torch.rand(32, device=dev) * 2, torch.randn(32, device=dev))
+    gdn_pool = torch.randn(2 + len(ckpts), 32, 128, 128, device=dev) * 0.01
+    # SSD: 48 heads of 64, 8 groups of state 128
+    x = torch.randn(T, 48, 64, device=dev, dtype=bf, generator=g)
+    dt = torch.randn(T, 48, device=dev, dtype=bf, generator=g) - 2
+    A = -torch.rand(48, device=dev) - 0.5
+    bc = torch.randn(T, 2 * 8 * 128, device=dev, dtype=bf, generator=g)
+    Bm, Cm = bc[:, :1024].view(T, 8, 128), bc[:, 1024:].view(T, 8, 128)
+    D, dt_bias = torch.randn(48, device=dev), torch.randn(48, device=dev)
+    ssd_pool = torch.randn(2 + len(ckpts), 48, 64, 128, device=dev) * 0.01
+    calls = {
+        "gdn": (0, lambda pool: gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks), gdn_pool),
+        "ssd": (1, lambda pool: ssd_chunked(x, dt, A, Bm, Cm, D, dt_bias, pool, slots, chunks,
+                                            out_dtype=torch.float32), ssd_pool),
+    }
+    defaults = (list(triton_chunk.STATE_BLOCK_V), list(triton_chunk.STATE_STAGES))
+    for name, (i, call, pool0) in calls.items():
+        want = None
+        for bv in (32, 16, 64):
+            for stages in (1, 2, 3):
+                triton_chunk.STATE_BLOCK_V[i], triton_chunk.STATE_STAGES[i] = bv, stages
+                pool = pool0.clone()
+                out = call(pool)
+                if want is None:
+                    want = (out, pool)
+                ms = cuda_ms(lambda: call(pool), reps=20)
+                err = max(rel(out, want[0]), rel(pool, want[1]))
+                rows.append({"table": "state", "kernel": name, "block_v": bv, "stages": stages, "ms": ms, "err": err})
+                print(f"  {name} state block_v {bv:2d} stages {stages}  {ms:7.3f} ms  err {err:.1e}", flush=True)
+        triton_chunk.STATE_BLOCK_V[:], triton_chunk.STATE_STAGES[:] = defaults
+    return rows
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(0))
-    attention_table(0, 8192)
-    attention_table(24576, 8192)
-    conv_table()
+    parts = [a for a in sys.argv[1:] if not a.startswith("--") and not a.endswith(".json")] or ["attention", "conv"]
+    result = {"device": torch.cuda.get_device_name(0)}
+    if "attention" in parts:
+        attention_table(0, 8192)
+        attention_table(24576, 8192)
+    if "conv" in parts:
+        conv_table()
+    if "variants" in parts or "conv_variants" in parts:
+        result["conv"] = conv_variants()
+    if "variants" in parts or "state_variants" in parts:
+        result["state"] = state_variants()
+    if "--json" in sys.argv:
+        with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+            json.dump(result, f, indent=1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .base import HybridForCausalLM
 from .layer_ids import ATTENTION, NONE, STATE, LayerIdMap
@@ -52,10 +51,6 @@ class NemotronHRMSNorm(RMSNorm):
         return ops.rms_norm(x, self.weight, self.eps, fp32_weight=True)
 
 
-def relu2(x: torch.Tensor) -> torch.Tensor:
-    return F.relu(x).square()
-
-
 class NemotronHAttention(nn.Module):
     """Plain GQA attention: no rotary (position comes from the Mamba layers), no q/k norm, no bias."""
 
@@ -88,7 +83,7 @@ class NemotronHMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor, positions=None, fb: ForwardBatch | None = None) -> torch.Tensor:
-        return self.down_proj(relu2(self.up_proj(x)))
+        return self.down_proj(ops.relu2(self.up_proj(x)))
 
 
 class NemotronHRouter(nn.Module):
@@ -198,8 +193,17 @@ class NemotronHBlock(nn.Module):
         else:
             self.mixer = NemotronHMoE(hf_config)
 
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        return hidden + self.mixer(self.norm(hidden), positions, fb)
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual + mixer(norm(residual))` with the add deferred: takes the previous block's
+        (mixer output, residual) and returns its own, the add fused into this block's norm
+        (`ops.add_rms_norm`: the same bits as adding in the model dtype, then the norm).
+        The first block passes its input as `hidden` and no residual."""
+        if residual is None:
+            normed, residual = self.norm(hidden), hidden
+        else:
+            normed, residual = ops.add_rms_norm(hidden, residual, self.norm.weight, self.norm.eps, fp32_weight=True)
+        return self.mixer(normed, positions, fb), residual
 
 
 class _Backbone(nn.Module):
@@ -246,7 +250,8 @@ class NemotronHForCausalLM(HybridForCausalLM):
         return Mamba2Mixer.state_spec(self.hf_config, dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        hidden = self.model.embeddings(input_ids)  # [T, hidden]
+        hidden, residual = self.model.embeddings(input_ids), None  # [T, hidden]
         for layer in self.model.layers:
-            hidden = layer(hidden, positions, fb)
-        return self.model.norm_f(hidden)
+            hidden, residual = layer(hidden, positions, fb, residual)
+        norm_f = self.model.norm_f
+        return ops.add_rms_norm(hidden, residual, norm_f.weight, norm_f.eps, fp32_weight=True)[0]

@@ -15,3 +15,8 @@ def sigmoid_gate_mul_ref(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     rounded as torch's ops in that dtype round: sigmoid(gate) to gate's dtype, then the product."""
     s = torch.sigmoid(gate.float()).to(gate.dtype).float()
     return (x.float() * s).to(x.dtype).reshape(x.shape[0], x.shape[1] * x.shape[2])
+
+
+def relu2_ref(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 in x's dtype, as torch rounds it (relu exact, the square rounded once)."""
+    return torch.nn.functional.relu(x).square()

@@ -3,7 +3,9 @@
     silu_and_mul       silu(gate) * up over the gate_up projection's output (SwiGLU MLPs)
     sigmoid_gate_mul   x * sigmoid(gate) with the gate read in place from its strided slice of
                        the q projection (Qwen3.5 / Qwen3-Next attention output gate): one launch
-                       where torch takes three (copy of the slice, sigmoid, multiply)."""
+                       where torch takes three (copy of the slice, sigmoid, multiply)
+    relu2              relu(x)^2 (Nemotron-H's MLP): one pass where torch takes two (relu,
+                       square), the same bits (the square of a bf16 value, rounded once)."""
 from __future__ import annotations
 
 import torch
@@ -66,6 +68,29 @@ def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if t and h and d:
         _sigmoid_gate_mul_kernel[(t, h)](x, gate, y, h, d, x.stride(0), x.stride(1), gate.stride(0), gate.stride(1),
                                          BLOCK_D=next_pow2(d))
+    return y
+
+
+@triton.jit
+def _relu2_kernel(x_ptr, y_ptr, F, stride_x, stride_y, BLOCK: tl.constexpr):
+    t, pid = tl.program_id(0), tl.program_id(1)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < F
+    x = tl.load(x_ptr + t.to(tl.int64) * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    x = tl.maximum(x, 0.0)
+    tl.store(y_ptr + t.to(tl.int64) * stride_y + offs, (x * x).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """x: [T, F] (last dim contiguous). Returns relu(x)^2 as a new [T, F] in x's dtype (fp32 math,
+    rounded once: what torch's relu then square give)."""
+    check_launch_device("relu2", x)
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    t, f = x.shape
+    y = torch.empty((t, f), dtype=x.dtype, device=x.device)
+    if t and f:
+        block = min(2048, next_pow2(f))
+        _relu2_kernel[(t, triton.cdiv(f, block))](x, y, f, x.stride(0), y.stride(0), BLOCK=block)
     return y
 
 

@@ -12,6 +12,11 @@ the pool; with several, a second launch does (every tile must read the old windo
 In verify mode the window after EVERY token goes to `intermediate_conv_windows[b, step]`
 and the pool is left untouched, unless `update_pool` (then the pool also gets the window
 after the row's last token).
+
+Prompt rows longer than one tile (widths K <= 4) go to a second kernel instead, the scan: one
+program per (row, channel block, tile) walks its tokens one at a time with the last K-1
+inputs in registers, so each input is loaded once and no tap recomputes its addresses and
+masks; the window is written by the second launch as above.
 """
 from __future__ import annotations
 
@@ -30,6 +35,15 @@ from .ref import ConvSnapshotIndex
 
 
 TOKEN_TILE = 64  # tokens per program when a launch is cut into tiles (long prefill rows)
+# Prompt rows: blocks whose taps all lie inside the step's input skip the window loads and
+# their masks (benchmarks/prefill_kernels_tune.py times both; a list so the bench can flip it)
+INTERIOR_PATH = [True]
+# Prompt rows longer than a tile run the scan kernel (tokens in sequence, the window in
+# registers): (tile tokens, channels per program, warps, pipelining stages); None: the tiled
+# kernel. On an H200 at 8192 tokens (benchmarks/prefill_kernels_tune.py conv_variants, 2026-11-28):
+# 0.208 / 0.131 / 0.114 ms at the 2.3B / Nemotron-H 1B / LFM2 1B shapes, against 0.290 / 0.248 /
+# 0.186 ms for the tiled kernel with its interior path and 0.393 / 0.272 / 0.183 ms without it.
+PREFILL_SCAN: list = [(64, 256, 2, 1)]
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -42,7 +56,7 @@ def _causal_conv1d_varlen_kernel(
     stride_i_b, stride_i_s, stride_i_d, stride_i_k,
     K: tl.constexpr, KW_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-    WRITE_WINDOW: tl.constexpr,
+    WRITE_WINDOW: tl.constexpr, INTERIOR: tl.constexpr,
 ):
     b = tl.program_id(0)
     start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
@@ -60,15 +74,23 @@ def _causal_conv1d_varlen_kernel(
         offs_t = t0 + tl.arange(0, BLOCK_T)  # [BT] token index inside the row
         mask_t = offs_t < tile_end
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32) + bias[None, :]
-        for j in tl.static_range(K):
-            p = offs_t - (K - 1) + j  # [BT] relative position of tap j
-            m_x = (mask_t & (p >= 0))[:, None] & mask_d[None, :]
-            xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
-            m_s = (mask_t & (p < 0) & has_state)[:, None] & mask_d[None, :]
-            sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
-            val = xv.to(tl.float32) + sv.to(tl.float32)  # [BT, BD]
-            w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
-            acc += val * w_j[None, :]
+        if INTERIOR and t0 >= K - 1:  # every tap inside this step's input: no window loads
+            rows = x_ptr + (start + offs_t)[:, None] * stride_x_t + offs_d[None, :]  # tap K-1's addresses
+            m_x = mask_t[:, None] & mask_d[None, :]
+            for j in tl.static_range(K):
+                xv = tl.load(rows - (K - 1 - j) * stride_x_t, mask=m_x, other=0.0)
+                w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
+                acc += xv.to(tl.float32) * w_j[None, :]
+        else:
+            for j in tl.static_range(K):
+                p = offs_t - (K - 1) + j  # [BT] relative position of tap j
+                m_x = (mask_t & (p >= 0))[:, None] & mask_d[None, :]
+                xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
+                m_s = (mask_t & (p < 0) & has_state)[:, None] & mask_d[None, :]
+                sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
+                val = xv.to(tl.float32) + sv.to(tl.float32)  # [BT, BD]
+                w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
+                acc += val * w_j[None, :]
         if VERIFY:  # the window after each token, [BT, BD, KW] in one store (window columns innermost)
             _store_windows(x_ptr, states_ptr + slot * stride_s_n, inter_ptr + b.to(tl.int64) * stride_i_b, start,
                            offs_t, offs_d, mask_t & (offs_t < inter_steps) & (b < inter_rows), mask_d, has_state,
@@ -81,6 +103,70 @@ def _causal_conv1d_varlen_kernel(
     if WRITE_WINDOW:
         _write_window(x_ptr, state_base, start, seq_len, has_state, offs_d, mask_d, stride_x_t, stride_s_k,
                       K, KW_PAD)
+
+
+@triton.jit
+def _tap_at(x_ptr, state_base, start, seq_len, p, has_state, offs_d, mask_d, stride_x_t, stride_s_k,
+            K: tl.constexpr):
+    """The conv input at relative position p (a scalar) of a row, [BD] fp32: x's row for
+    0 <= p < seq_len, the row's window column K-1+p for p < 0 (zeros without a state), zeros
+    past the row (a tile that starts after a short row's end reads nothing)."""
+    xv = tl.load(x_ptr + (start + p) * stride_x_t + offs_d, mask=mask_d & (p >= 0) & (p < seq_len), other=0.0)
+    sv = tl.load(state_base + (K - 1 + p) * stride_s_k, mask=mask_d & (p < 0) & has_state, other=0.0)
+    return xv.to(tl.float32) + sv.to(tl.float32)
+
+
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "cu_ptr"])
+def _causal_conv1d_scan_kernel(
+    x_ptr, w_ptr, bias_ptr, states_ptr, slots_ptr, cu_ptr, y_ptr, num_channels, num_slots,
+    stride_x_t, stride_y_t, stride_w_d, stride_s_n, stride_s_d, stride_s_k,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Prompt rows (K <= 4), one program per (row, channel block, tile of TILE tokens): the
+    tile's tokens one after another, the last K-1 inputs kept in registers, so each input is
+    loaded once. The pool's window is only read (a second launch writes the new one)."""
+    b = tl.program_id(0)
+    start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
+    seq_len = (end - start).to(tl.int32)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    mask_d = offs_d < num_channels
+    state_base = states_ptr + slot * stride_s_n + offs_d * stride_s_d
+    tile_start = tl.program_id(2) * TILE
+    tile_end = tl.minimum(tile_start + TILE, seq_len)
+    bias = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    w_last = tl.load(w_ptr + offs_d * stride_w_d + (K - 1), mask=mask_d, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + offs_d * stride_w_d + (K - 2), mask=mask_d, other=0.0).to(tl.float32)
+    c1 = _tap_at(x_ptr, state_base, start, seq_len, tile_start - 1, has_state, offs_d, mask_d,
+                 stride_x_t, stride_s_k, K)
+    w2 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    c2 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    w3 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    c3 = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if K >= 3:
+        w2 = tl.load(w_ptr + offs_d * stride_w_d + (K - 3), mask=mask_d, other=0.0).to(tl.float32)
+        c2 = _tap_at(x_ptr, state_base, start, seq_len, tile_start - 2, has_state, offs_d, mask_d,
+                     stride_x_t, stride_s_k, K)
+    if K >= 4:
+        w3 = tl.load(w_ptr + offs_d * stride_w_d + (K - 4), mask=mask_d, other=0.0).to(tl.float32)
+        c3 = _tap_at(x_ptr, state_base, start, seq_len, tile_start - 3, has_state, offs_d, mask_d,
+                     stride_x_t, stride_s_k, K)
+    for t in tl.range(tile_start, tile_end, num_stages=STAGES):
+        xt = tl.load(x_ptr + (start + t) * stride_x_t + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+        acc = bias + w_last * xt + w1 * c1
+        if K >= 3:
+            acc += w2 * c2
+        if K >= 4:
+            acc += w3 * c3
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(y_ptr + (start + t) * stride_y_t + offs_d, acc.to(y_ptr.dtype.element_ty), mask=mask_d)
+        c3 = c2
+        c2 = c1
+        c1 = xt
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -201,11 +287,26 @@ def causal_conv1d_varlen(
                            cu_seqlens, conv_states, last_contiguous=False, update_pool=verify and write_pool)
     tokens_per_row = num_tokens / batch
     tiles = 1 if verify or max_seqlen is None else triton.cdiv(max_seqlen, TOKEN_TILE)
-    # two shapes only (each is a compiled variant: all are compiled at warm-up, none while
-    # serving): one token per row (decode), or steps of 32 tokens in 128 channels (anything
-    # longer; on an H100 at 8192 x 8192, benchmarks/prefill_kernels_tune.py: 0.42 ms in
-    # 64-token tiles, where 64 channels and 128-token tiles took 0.71 ms)
+    # three shapes only (each a compiled variant: all are compiled at warm-up, none while
+    # serving): one token per row (decode), rows longer than one tile through the scan kernel
+    # (PREFILL_SCAN), anything else in steps of 32 tokens in 128 channels
     decode = tokens_per_row <= 1
+    if tiles > 1 and PREFILL_SCAN[0] is not None and width <= 4:
+        scan_tile, scan_block_d, scan_warps, scan_stages = PREFILL_SCAN[0]
+        tiles = triton.cdiv(max_seqlen, scan_tile)
+        scan_block_d = min(scan_block_d, next_pow2(dim))
+        _causal_conv1d_scan_kernel[(batch, triton.cdiv(dim, scan_block_d), tiles)](
+            x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y,
+            dim, conv_states.shape[0], x.stride(0), y.stride(0), weight.stride(0),
+            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
+            K=width, HAS_BIAS=bias is not None, SILU=activation is not None, BLOCK_D=scan_block_d, TILE=scan_tile,
+            STAGES=scan_stages, num_warps=scan_warps)
+        if write_pool:
+            _conv_window_kernel[(batch, triton.cdiv(dim, 128))](
+                x, conv_states, state_slots, cu_seqlens, dim, conv_states.shape[0], x.stride(0),
+                conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
+                K=width, KW_PAD=next_pow2(width - 1), BLOCK_D=128)
+        return y
     # a verify row is a few tokens (its drafts + 1): one block of the scratch's steps (+ the
     # token whose window goes to the pool), not 32
     verify_tokens = inter.shape[1] + int(write_pool)
@@ -220,7 +321,8 @@ def causal_conv1d_varlen(
         inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
         K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
         VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d, TILE=TOKEN_TILE if tiles > 1 else 1 << 30,
-        WRITE_WINDOW=write_pool and tiles == 1, **({"num_warps": num_warps} if num_warps else {}),
+        WRITE_WINDOW=write_pool and tiles == 1, INTERIOR=not decode and not verify and INTERIOR_PATH[0],
+        **({"num_warps": num_warps} if num_warps else {}),
     )
     if write_pool and tiles > 1:
         _conv_window_kernel[(batch, triton.cdiv(dim, block_d))](

@@ -35,6 +35,10 @@ from .._launch import install_fast_launch
 from .triton_l2norm import l2norm
 
 CHUNK = 64  # tokens per chunk (BT): 4 sub-chunks of 16 in the prepare kernel
+# The state kernel's value block and software-pipelining stages, (delta rule, plain SSD):
+# lists so that benchmarks/prefill_kernels_tune.py can time the choices
+STATE_BLOCK_V = [32, 16]
+STATE_STAGES = [2, 1]
 
 
 @triton.jit
@@ -187,7 +191,7 @@ def _chunk_state_kernel(
     stride_n_t, stride_n_h, stride_h_c, stride_h_h, stride_h_k,
     stride_s_n, stride_s_h, stride_s_k, stride_s_v,
     HEADS_PER_K: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DELTA: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BV: tl.constexpr, DELTA: tl.constexpr, DOT_PRECISION: tl.constexpr, STAGES: tl.constexpr,
 ):
     pid_v, hv, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // HEADS_PER_K
@@ -201,7 +205,7 @@ def _chunk_state_kernel(
     s_off = hv * stride_s_h + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v  # [BK, BV]
     S = tl.load(states_ptr + slot * stride_s_n + s_off, mask=mask_kv & has_state, other=0.0).to(tl.float32)
     dot_dtype = k_ptr.dtype.element_ty
-    for c in range(tl.load(row_chunks_ptr + b), tl.load(row_chunks_ptr + b + 1)):
+    for c in tl.range(tl.load(row_chunks_ptr + b), tl.load(row_chunks_ptr + b + 1), num_stages=STAGES):
         t0 = tl.load(chunk_start_ptr + c).to(tl.int64)
         n = tl.load(chunk_len_ptr + c)
         ckpt = tl.load(chunk_ckpt_ptr + c).to(tl.int64)
@@ -318,14 +322,15 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
             w.stride(0), w.stride(1), vnew.stride(0), vnew.stride(1),
             BK=bk, BV=bv, num_warps=4, **common)
     h = torch.empty((nc, num_v_heads, dk, dv), dtype=dtype, device=q.device)  # chunk-start states
-    bv_state = min(bv, 32)  # more programs: the state kernel is sequential over a row's chunks
+    # more programs: the state kernel is sequential over a row's chunks
+    bv_state = min(bv, STATE_BLOCK_V[0 if delta else 1])
     _chunk_state_kernel[(triton.cdiv(dv, bv_state), num_v_heads, batch)](
         k, v, g, w, vnew, h, states, state_slots, chunks.row_chunks, chunks.chunk_start, chunks.chunk_len,
         chunks.chunk_ckpt_slot, states.shape[0],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), w.stride(0), w.stride(1),
         vnew.stride(0), vnew.stride(1), h.stride(0), h.stride(1), h.stride(2),
         states.stride(0), states.stride(1), state_kv[0], state_kv[1],
-        BK=bk, BV=bv_state, DELTA=delta, num_warps=4, **common)
+        BK=bk, BV=bv_state, DELTA=delta, STAGES=STATE_STAGES[0 if delta else 1], num_warps=4, **common)
     bv_out = min(bv, 64)
     _chunk_output_kernel[(nc, num_v_heads, triton.cdiv(dv, bv_out))](
         q, k, g, vnew, h, o, chunks.chunk_start, chunks.chunk_len, float(scale),

@@ -54,8 +54,8 @@ def grouped_gated_rms_norm_ref(
 
 
 def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                     zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     zero_centered: bool = False, fp32_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add of a decoder layer and the next norm: summed = residual + x (in the
     model dtype, as transformers adds), normed = rms_norm_ref(summed). Returns (normed, summed)."""
     summed = residual + x
-    return rms_norm_ref(summed, weight, eps, zero_centered), summed
+    return rms_norm_ref(summed, weight, eps, zero_centered, fp32_weight), summed

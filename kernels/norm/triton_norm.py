@@ -146,7 +146,7 @@ def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Te
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["num_rows"])
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, num_rows, eps, stride_x, stride_r,
-                         D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+                         D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, MODE: tl.constexpr):
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BR]
     offs_d = tl.arange(0, BD)
     mask = (rows < num_rows)[:, None] & (offs_d < D)[None, :]
@@ -157,18 +157,23 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, num_rows, eps, s
     s = s.to(tl.float32)
     n = s * tl.rsqrt(tl.sum(s * s, axis=1) / D + eps)[:, None]
     w = tl.load(w_ptr + offs_d, mask=offs_d < D, other=0.0).to(tl.float32)[None, :]
-    if ZERO_CENTERED:
+    if MODE == 1:  # MODE_ZERO_CENTER
         y = n * (1.0 + w)
+    elif MODE == 4:  # MODE_FP32_WEIGHT
+        y = w * n
     else:
         y = w * n.to(sum_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + rows[:, None] * D + offs_d[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 zero_centered: bool = False, *, fp32_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch for a decoder layer's residual add and the next norm. x, residual: [T, D]
     (rows may be strided, last dim contiguous); weight: [D]. Returns (normed [T, D], summed
-    [T, D]) as ref.add_rms_norm_ref: summed in x's dtype, normed as rms_norm."""
+    [T, D]) as ref.add_rms_norm_ref: summed in x's dtype, normed as rms_norm (the same
+    zero_centered / fp32_weight variants)."""
+    if zero_centered and fp32_weight:
+        raise ValueError("zero_centered and fp32_weight are exclusive")
     check_launch_device("add_rms_norm", x)
     for name, t in (("x", x), ("residual", residual)):
         check_tensor(name, t, ndim=2, dtypes=FLOAT_DTYPES, device=x.device)
@@ -177,14 +182,15 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
                          f"{residual.dtype}, weight {tuple(weight.shape)} do not match")
     num_rows, dim = x.shape
     summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out_dtype = x.dtype if zero_centered else torch.promote_types(weight.dtype, x.dtype)
+    out_dtype = x.dtype if zero_centered or fp32_weight else torch.promote_types(weight.dtype, x.dtype)
     normed = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    mode = MODE_ZERO_CENTER if zero_centered else MODE_FP32_WEIGHT if fp32_weight else MODE_PLAIN
     if num_rows:
         block_d = next_pow2(dim)
         block_r = max(1, min(16, 4096 // block_d))
         _add_rms_norm_kernel[(triton.cdiv(num_rows, block_r),)](
             x, residual, weight, normed, summed, num_rows, float(eps), x.stride(0), residual.stride(0),
-            D=dim, BD=block_d, BLOCK_R=block_r, ZERO_CENTERED=zero_centered,
+            D=dim, BD=block_d, BLOCK_R=block_r, MODE=mode,
             num_warps=4 if block_d * block_r >= 2048 else 2)
     return normed, summed
 

@@ -125,6 +125,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    """relu(x)^2 (Nemotron-H's MLP); one launch on the kernel path for [T, F] inputs."""
+    if use_triton(x) and x.dim() == 2 and x.stride(-1) == 1:
+        return _act.relu2(x)
+    return _act.relu2_ref(x)
+
+
 def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     """x, gate: [T, H, D] (gate may be a strided slice) -> x * sigmoid(gate) as [T, H * D]; one
     launch on the kernel path."""
@@ -354,11 +361,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: b
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 zero_centered: bool = False, fp32_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A layer's residual add and the next norm: (rms_norm(residual + x), residual + x). x, residual: [T, D]."""
     if use_triton(x):
-        return _norm.add_rms_norm(x, residual, weight, eps, zero_centered)
-    return _norm.add_rms_norm_ref(x, residual, weight, eps, zero_centered)
+        return _norm.add_rms_norm(x, residual, weight, eps, zero_centered, fp32_weight=fp32_weight)
+    return _norm.add_rms_norm_ref(x, residual, weight, eps, zero_centered, fp32_weight)
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

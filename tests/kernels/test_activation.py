@@ -1,11 +1,11 @@
-"""silu-and-mul vs kernels/activation/ref.py."""
+"""The fused activations (silu-and-mul, sigmoid gate, relu2) vs kernels/activation/ref.py."""
 import pytest
 import torch
 from kernel_utils import DEVICE, gpu, rel_err, require_triton
 
 require_triton()
 from hybrid_serve.kernels.activation import (  # noqa: E402
-    sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_and_mul, silu_and_mul_ref,
+    relu2, relu2_ref, sigmoid_gate_mul, sigmoid_gate_mul_ref, silu_and_mul, silu_and_mul_ref,
 )
 
 TOL = {torch.float32: 1e-6, torch.bfloat16: 8e-3}
@@ -56,3 +56,17 @@ def test_sigmoid_gate_mul(dtype, t):
         assert rel_err(got.float().cpu(), want.float()) < TOL[dtype]
     with pytest.raises(ValueError, match="shape"):
         sigmoid_gate_mul(x, q_gate)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("t", [0, 1, 5])
+def test_relu2_same_bits_as_torch(dtype, t):
+    """relu(x)^2 of strided rows (a slice of a wider output): the very bits torch's relu then
+    square give in that dtype (both round the exact square once)."""
+    x = _rand(t, 40 + 6, dtype=dtype, seed=2)[:, 6:]
+    got = relu2(x)
+    assert got.shape == (t, 40) and got.dtype == dtype and got.is_contiguous()
+    assert torch.equal(got.cpu(), relu2_ref(x.cpu()))
+    assert (got >= 0).all()
+    with pytest.raises(ValueError, match="x"):
+        relu2(_rand(2, 3, 4))

@@ -60,7 +60,23 @@ def test_conv_long_rows_in_parallel_tiles(lens, slots, monkeypatch):
     from hybrid_serve.kernels.causal_conv1d import triton_conv
 
     monkeypatch.setattr(triton_conv, "TOKEN_TILE", 8)
+    monkeypatch.setattr(triton_conv, "PREFILL_SCAN", [None])  # the tiled kernel (the scan: below)
     got, want, pool, pool_ref = _run_both(lens, slots, 20, 4, torch.float32, True, "silu", max_seqlen=max(lens))
+    assert rel_err(got, want) < 1e-6
+    assert torch.equal(torch.isnan(pool), torch.isnan(pool_ref))
+    assert rel_err(pool.nan_to_num(), pool_ref.nan_to_num()) < 1e-7
+
+
+@pytest.mark.parametrize("width", [2, 3, 4])
+@pytest.mark.parametrize("lens,slots", [([40, 7, 2], [1, -1, 4]), ([17, 3], [2, 5])], ids=["3rows", "2rows"])
+def test_conv_scan_kernel_for_prompt_rows(width, lens, slots, monkeypatch):
+    """The scan variant for prompt rows (tokens in sequence, the window in registers; tiles of
+    8 tokens here, so tiles start inside rows, at a row's first tokens, and past short rows):
+    the reference's outputs and windows."""
+    from hybrid_serve.kernels.causal_conv1d import triton_conv
+
+    monkeypatch.setattr(triton_conv, "PREFILL_SCAN", [(8, 16, 1, 1)])
+    got, want, pool, pool_ref = _run_both(lens, slots, 20, width, torch.float32, True, "silu", max_seqlen=max(lens))
     assert rel_err(got, want) < 1e-6
     assert torch.equal(torch.isnan(pool), torch.isnan(pool_ref))
     assert rel_err(pool.nan_to_num(), pool_ref.nan_to_num()) < 1e-7

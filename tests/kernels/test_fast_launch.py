@@ -79,11 +79,23 @@ def test_hooks_take_the_jit_path(fake_cuda, monkeypatch):
 
 
 def test_install_only_when_enabled(monkeypatch):
+    """On by default, off with HYBRID_SERVE_TRITON_FAST_LAUNCH=0 and under the interpreter;
+    only JIT functions named *_kernel are wrapped."""
     import sys
     import types
+    monkeypatch.delenv(_launch.FAST_LAUNCH_ENV, raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert _launch.fast_launch_enabled()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not _launch.fast_launch_enabled()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv(_launch.FAST_LAUNCH_ENV, "0")
+    assert not _launch.fast_launch_enabled()
     module = types.ModuleType("fast_launch_test_module")
     module.marker_kernel = object()
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.delenv(_launch.FAST_LAUNCH_ENV, raising=False)
     _launch.install_fast_launch(module.__name__)
+    assert not isinstance(module.marker_kernel, _launch.FastLaunch)
+    monkeypatch.delenv(_launch.FAST_LAUNCH_ENV)
+    _launch.install_fast_launch(module.__name__)  # enabled, but not a JIT function
     assert not isinstance(module.marker_kernel, _launch.FastLaunch)

@@ -129,9 +129,9 @@ def test_norm_serving_shapes_gpu(rows, dim):
                    want.float()) < 1e-2
 
 
-@pytest.mark.parametrize("zero_centered", [False, True], ids=["plain", "zero_centered"])
+@pytest.mark.parametrize("variant", ["plain", "zero_centered", "fp32_weight"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_add_rms_norm_matches_ref(zero_centered, dtype):
+def test_add_rms_norm_matches_ref(variant, dtype):
     from hybrid_serve.kernels.norm import add_rms_norm, add_rms_norm_ref
 
     g = torch.Generator().manual_seed(0)
@@ -139,8 +139,11 @@ def test_add_rms_norm_matches_ref(zero_centered, dtype):
     x = wide[:, 16:80]  # strided rows, as a slice of a fused output
     residual = torch.randn(5, 64, generator=g).to(dtype).to(DEVICE)
     weight = (torch.randn(64, generator=g) * 0.1).to(dtype).to(DEVICE)
-    normed, summed = add_rms_norm(x, residual, weight, 1e-6, zero_centered)
-    want_normed, want_summed = add_rms_norm_ref(x, residual, weight, 1e-6, zero_centered)
+    zero_centered, fp32_weight = variant == "zero_centered", variant == "fp32_weight"
+    normed, summed = add_rms_norm(x, residual, weight, 1e-6, zero_centered, fp32_weight=fp32_weight)
+    want_normed, want_summed = add_rms_norm_ref(x, residual, weight, 1e-6, zero_centered, fp32_weight)
     assert torch.equal(summed, want_summed)
+    if fp32_weight:  # Nemotron-H's norm: (w.float() * norm(x)).to(x.dtype), returned in x's dtype
+        assert normed.dtype == dtype
     assert normed.dtype == want_normed.dtype
     assert rel_err(normed.float(), want_normed.float()) < (1e-6 if dtype == torch.float32 else 8e-3)
