@@ -4,12 +4,14 @@ Each folder has `ref.py` (plain torch: the executable spec and the CPU path) and
 a GPU kernel exists, the Triton kernel behind one public function. This package imports
 nothing from the rest of hybrid_serve.
 
-    causal_conv1d   causal_conv1d_varlen            conv window in the state pool (+ verify scratch)
-    gated_delta     gated_delta_rule_recurrent      GDN state in the pool (+ verify scratch)
+    causal_conv1d   causal_conv1d_varlen            conv window in the state pool (+ verify scratch;
+                                                    prompt rows through a scan kernel)
+    gated_delta     gated_delta_rule_recurrent      GDN state in the pool (+ verify scratch);
+                    gated_delta_rule_chunked        prefill in chunks on tensor cores (SSD too)
     mamba_ssm       selective_state_update_varlen   Mamba2 state in the pool (+ verify scratch)
     attention       store_kv, paged_attention       mixed decode / prefill batch, GQA, split-KV
     norm            rms_norm, add_rms_norm, gated_rms_norm, grouped_gated_rms_norm
-    activation      silu_and_mul, sigmoid_gate_mul  SwiGLU activation; attention output gate
+    activation      silu_and_mul, sigmoid_gate_mul, relu2   SwiGLU; attention output gate; relu^2 MLPs
     linear          skinny_linear                   batch-1 linears streaming the weight once
     rotary          rotary_neox
     state_ops       commit_verified_state, copy_state_slots
