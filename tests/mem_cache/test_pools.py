@@ -294,3 +294,13 @@ def test_a_step_whose_checkpoints_were_all_skipped_still_reports_them():
     for alloc in (other, b):
         cache.release(alloc)
     cache.check_empty()
+
+
+@pytest.mark.parametrize("pages", [[], [3], [5, 2, 9], list(range(40, 0, -3))], ids=["none", "one", "three", "many"])
+def test_kv_slots_of_pages_are_page_by_page(pages):
+    """`_slots_of` (numpy-expanded for long page lists) gives each page's slots in order, as
+    Python ints: what the KV table writes take."""
+    cache = CacheManager(num_pages=64, page_size=4, num_state_slots=2, num_rows=2, max_context=256)
+    slots = cache._slots_of(pages)
+    assert slots == [p * 4 + o for p in pages for o in range(4)]
+    assert all(type(s) is int for s in slots)
