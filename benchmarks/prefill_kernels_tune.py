@@ -6,9 +6,9 @@ Each row checks its output against the first variant of its table first.
     python benchmarks/prefill_kernels_tune.py [attention] [conv] [variants] [--json OUT]
 
 `variants`: the choices the kernels keep as module-level switches, at each family's 8k shapes:
-the conv's interior path (blocks whose taps all lie in the step's input skip the window
-loads) on and off, and the chunked state kernel's value block and pipelining stages (GDN
-and Mamba2 SSD), each against the copy floor / the default in the same run.
+the conv's tiled kernel against its scan kernel (`conv_variants`), and the chunked state
+kernel's value block and pipelining stages, GDN and Mamba2 SSD (`state_variants`); each
+against the copy floor / the first variant in the same run.
 """
 from __future__ import annotations
 
@@ -120,21 +120,19 @@ def conv_table(T=8192, D=8192, K=4):
 
 
 def conv_variants(T=8192) -> list[dict]:
-    """The conv at each family's prompt shape: the tiled kernel with the interior path off (the
-    old default) and on at several tilings, and the scan kernel at several tilings."""
+    """The conv at each family's prompt shape: the tiled kernel (the default before the scan)
+    and the scan kernel, each at several tilings."""
     dev, bf = "cuda", torch.bfloat16
     shapes = {  # name: (channels, taps, width of the tensor x is a column slice of, its offset)
         "qwen3_5_2p3b": (8192, 4, 8192 + 4096 + 64, 0),
         "nemotron_h_1b": (5120, 4, 8240, 3072),
         "lfm2_1b": (2048, 3, 2048, 0),
     }
-    tiled = [(False, 64, 32, 128, None)] + [(True, *v) for v in (
-        (64, 32, 128, None), (64, 16, 128, 4), (64, 16, 256, 4), (64, 8, 256, 4), (64, 32, 64, 4), (64, 32, 128, 8),
-        (128, 32, 128, 4))]
+    tiled = [(64, 32, 128, None), (64, 16, 256, 4), (64, 32, 64, 4), (128, 32, 128, 4)]
     scans = [(64, 256, 2, 1), (64, 256, 2, 2), (64, 128, 1, 1), (64, 128, 1, 2), (128, 256, 2, 1), (128, 256, 2, 3),
              (32, 256, 2, 1), (64, 512, 4, 1), (64, 512, 4, 2), (128, 128, 1, 2), (256, 256, 2, 2), (64, 256, 1, 2)]
     rows = []
-    saved = (triton_conv.INTERIOR_PATH[0], triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0])
+    saved = (triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0])
     for name, (D, K, width, offset) in shapes.items():
         x = torch.randn(T, width, device=dev, dtype=bf)[:, offset:offset + D]
         w = torch.randn(D, K, device=dev, dtype=bf) * 0.3
@@ -146,9 +144,9 @@ def conv_variants(T=8192) -> list[dict]:
         variants = [("tiled", v) for v in tiled] + [("scan", v) for v in scans]
         for kind, v in variants:
             if kind == "tiled":
-                interior, tile, bt, bd, warps = v
-                triton_conv.INTERIOR_PATH[0], triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0] = interior, tile, None
-                label = f"tiled interior {interior!s:5s} tile {tile:3d} bt {bt:2d} bd {bd:3d} warps {warps}"
+                tile, bt, bd, warps = v
+                triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0] = tile, None
+                label = f"tiled tile {tile:3d} bt {bt:2d} bd {bd:3d} warps {warps}"
             else:
                 triton_conv.PREFILL_SCAN[0] = v
                 bt = bd = warps = None
@@ -165,7 +163,7 @@ def conv_variants(T=8192) -> list[dict]:
                          "floor_4tbs_ms": floor_ms, "err": err})
             print(f"  conv {name:14s} D {D} K {K} {label:52s} {ms:7.3f} ms (floor {floor_ms:.3f})  err {err:.1e}",
                   flush=True)
-    triton_conv.INTERIOR_PATH[0], triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0] = saved
+    triton_conv.TOKEN_TILE, triton_conv.PREFILL_SCAN[0] = saved
     return rows
 
 

@@ -6,8 +6,8 @@ card are the same for every variant (separate calls land on different machines).
         [--variants old,new] [--json OUT]
 
 Variants (kernels/causal_conv1d/triton_conv.py, kernels/gated_delta/triton_chunk.py):
-  old       the conv's tiled kernel without the interior path; state kernel value block 32,
-            no pipelining (the defaults before 2026-11-28)
+  old       the conv's tiled kernel; state kernel value block 32, no pipelining (the
+            defaults before 2026-11-28)
   default   whatever the code's defaults are
   scanNxD   the conv's scan kernel, tiles of N tokens and D channels (2 warps), state as default
   ssdbv32   the defaults with the SSD state kernel's value block at 32
@@ -33,12 +33,11 @@ def apply(name: str, defaults: dict) -> None:
     from hybrid_serve.kernels.causal_conv1d import triton_conv
     from hybrid_serve.kernels.gated_delta import triton_chunk
 
-    triton_conv.INTERIOR_PATH[0] = defaults["interior"]
     triton_conv.PREFILL_SCAN[0] = defaults["scan"]
     triton_chunk.STATE_BLOCK_V[:] = defaults["block_v"]
     triton_chunk.STATE_STAGES[:] = defaults["stages"]
     if name == "old":
-        triton_conv.INTERIOR_PATH[0], triton_conv.PREFILL_SCAN[0] = False, None
+        triton_conv.PREFILL_SCAN[0] = None
         triton_chunk.STATE_BLOCK_V[:], triton_chunk.STATE_STAGES[:] = [32, 32], [1, 1]
     elif name.startswith("scan"):
         tile, block_d = (int(v) for v in name[4:].split("x"))
@@ -61,7 +60,7 @@ def main() -> None:
     from hybrid_serve.kernels.causal_conv1d import triton_conv
     from hybrid_serve.kernels.gated_delta import triton_chunk
 
-    defaults = {"interior": triton_conv.INTERIOR_PATH[0], "scan": triton_conv.PREFILL_SCAN[0],
+    defaults = {"scan": triton_conv.PREFILL_SCAN[0],
                 "block_v": list(triton_chunk.STATE_BLOCK_V), "stages": list(triton_chunk.STATE_STAGES)}
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = args.variants.split(",")

@@ -4,7 +4,7 @@ decode steps, verify steps that run eagerly), as vLLM splits its graphs around a
 An eager step pays host time for every launch (on an H100 host 30-60 us each, 470-760
 launches a step of the 2.3B model: 20-60 ms for a few ms of GPU work). Most of those ops
 depend only on the step's token count T (embedding, norms, projections, rotary, MLP / MoE,
-residuals); the varlen ops (`ops.varlen_op`: attention with its KV writes, the convs and
+residuals); the varlen ops (`varlen.varlen_op`: attention with its KV writes, the convs and
 state recurrences with their checkpoints) depend on its rows. So per padded size T_pad:
 
 Capture (largest size first, one memory pool, on a side stream): the model's forward runs on
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...models.forward_batch import ForwardBatch
-from ...models.layers import ops
+from ...models.layers import varlen
 
 logger = logging.getLogger(__name__)
 
@@ -219,16 +219,16 @@ class PiecewiseGraphs:
             out = torch.empty(shape, dtype=dtype, device=self.device)  # inside the graph: pool memory
             graphs[-1].capture_end()
             call = VarlenCall(fn, bound.args, dict(bound.kwargs), out)
-            ops.VARLEN_HOOK[0] = None  # nested varlen ops run plainly inside this one
+            varlen.VARLEN_HOOK[0] = None  # nested varlen ops run plainly inside this one
             try:
                 call.run(None)
             finally:
-                ops.VARLEN_HOOK[0] = on_varlen_op
+                varlen.VARLEN_HOOK[0] = on_varlen_op
             calls.append(call)
             begin()
             return out
 
-        ops.VARLEN_HOOK[0] = on_varlen_op
+        varlen.VARLEN_HOOK[0] = on_varlen_op
         try:
             begin()
             hidden = self.model(ids, positions, fb)
@@ -238,7 +238,7 @@ class PiecewiseGraphs:
                 graphs[-1].capture_end()
             raise
         finally:
-            ops.VARLEN_HOOK[0] = None
+            varlen.VARLEN_HOOK[0] = None
         return Pieces(graphs, calls, hidden, _capture_fb=fb)
 
     def run(self, size: int, fb: ForwardBatch) -> torch.Tensor:

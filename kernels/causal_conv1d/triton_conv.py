@@ -35,14 +35,12 @@ from .ref import ConvSnapshotIndex
 
 
 TOKEN_TILE = 64  # tokens per program when a launch is cut into tiles (long prefill rows)
-# Prompt rows: blocks whose taps all lie inside the step's input skip the window loads and
-# their masks (benchmarks/prefill_kernels_tune.py times both; a list so the bench can flip it)
-INTERIOR_PATH = [True]
 # Prompt rows longer than a tile run the scan kernel (tokens in sequence, the window in
 # registers): (tile tokens, channels per program, warps, pipelining stages); None: the tiled
 # kernel. On an H200 at 8192 tokens (benchmarks/prefill_kernels_tune.py conv_variants, 2026-11-28):
-# 0.208 / 0.131 / 0.114 ms at the 2.3B / Nemotron-H 1B / LFM2 1B shapes, against 0.290 / 0.248 /
-# 0.186 ms for the tiled kernel with its interior path and 0.393 / 0.272 / 0.183 ms without it.
+# 0.208 / 0.131 / 0.114 ms at the 2.3B / Nemotron-H 1B / LFM2 1B shapes, against 0.393 / 0.272 /
+# 0.183 ms for the tiled kernel (0.290 / 0.248 / 0.186 with an interior path that skipped the
+# window loads, since removed: with the scan it only served rows of one tile).
 PREFILL_SCAN: list = [(64, 256, 2, 1)]
 
 
@@ -56,7 +54,7 @@ def _causal_conv1d_varlen_kernel(
     stride_i_b, stride_i_s, stride_i_d, stride_i_k,
     K: tl.constexpr, KW_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
-    WRITE_WINDOW: tl.constexpr, INTERIOR: tl.constexpr,
+    WRITE_WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
@@ -74,23 +72,15 @@ def _causal_conv1d_varlen_kernel(
         offs_t = t0 + tl.arange(0, BLOCK_T)  # [BT] token index inside the row
         mask_t = offs_t < tile_end
         acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32) + bias[None, :]
-        if INTERIOR and t0 >= K - 1:  # every tap inside this step's input: no window loads
-            rows = x_ptr + (start + offs_t)[:, None] * stride_x_t + offs_d[None, :]  # tap K-1's addresses
-            m_x = mask_t[:, None] & mask_d[None, :]
-            for j in tl.static_range(K):
-                xv = tl.load(rows - (K - 1 - j) * stride_x_t, mask=m_x, other=0.0)
-                w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
-                acc += xv.to(tl.float32) * w_j[None, :]
-        else:
-            for j in tl.static_range(K):
-                p = offs_t - (K - 1) + j  # [BT] relative position of tap j
-                m_x = (mask_t & (p >= 0))[:, None] & mask_d[None, :]
-                xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
-                m_s = (mask_t & (p < 0) & has_state)[:, None] & mask_d[None, :]
-                sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
-                val = xv.to(tl.float32) + sv.to(tl.float32)  # [BT, BD]
-                w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
-                acc += val * w_j[None, :]
+        for j in tl.static_range(K):
+            p = offs_t - (K - 1) + j  # [BT] relative position of tap j
+            m_x = (mask_t & (p >= 0))[:, None] & mask_d[None, :]
+            xv = tl.load(x_ptr + (start + p)[:, None] * stride_x_t + offs_d[None, :], mask=m_x, other=0.0)
+            m_s = (mask_t & (p < 0) & has_state)[:, None] & mask_d[None, :]
+            sv = tl.load(state_base + (K - 1 + p)[:, None] * stride_s_k, mask=m_s, other=0.0)
+            val = xv.to(tl.float32) + sv.to(tl.float32)  # [BT, BD]
+            w_j = tl.load(w_ptr + offs_d * stride_w_d + j, mask=mask_d, other=0.0).to(tl.float32)
+            acc += val * w_j[None, :]
         if VERIFY:  # the window after each token, [BT, BD, KW] in one store (window columns innermost)
             _store_windows(x_ptr, states_ptr + slot * stride_s_n, inter_ptr + b.to(tl.int64) * stride_i_b, start,
                            offs_t, offs_d, mask_t & (offs_t < inter_steps) & (b < inter_rows), mask_d, has_state,
@@ -291,39 +281,31 @@ def causal_conv1d_varlen(
     # serving): one token per row (decode), rows longer than one tile through the scan kernel
     # (PREFILL_SCAN), anything else in steps of 32 tokens in 128 channels
     decode = tokens_per_row <= 1
+    block_d = min(block_d or (256 if decode else 128), next_pow2(dim))
     if tiles > 1 and PREFILL_SCAN[0] is not None and width <= 4:
         scan_tile, scan_block_d, scan_warps, scan_stages = PREFILL_SCAN[0]
-        tiles = triton.cdiv(max_seqlen, scan_tile)
         scan_block_d = min(scan_block_d, next_pow2(dim))
-        _causal_conv1d_scan_kernel[(batch, triton.cdiv(dim, scan_block_d), tiles)](
+        _causal_conv1d_scan_kernel[(batch, triton.cdiv(dim, scan_block_d), triton.cdiv(max_seqlen, scan_tile))](
             x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y,
             dim, conv_states.shape[0], x.stride(0), y.stride(0), weight.stride(0),
             conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
             K=width, HAS_BIAS=bias is not None, SILU=activation is not None, BLOCK_D=scan_block_d, TILE=scan_tile,
             STAGES=scan_stages, num_warps=scan_warps)
-        if write_pool:
-            _conv_window_kernel[(batch, triton.cdiv(dim, 128))](
-                x, conv_states, state_slots, cu_seqlens, dim, conv_states.shape[0], x.stride(0),
-                conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
-                K=width, KW_PAD=next_pow2(width - 1), BLOCK_D=128)
-        return y
-    # a verify row is a few tokens (its drafts + 1): one block of the scratch's steps (+ the
-    # token whose window goes to the pool), not 32
-    verify_tokens = inter.shape[1] + int(write_pool)
-    block_t = block_t or (1 if decode else min(32, max(2, next_pow2(verify_tokens))) if verify else 32)
-    block_d = min(block_d or (256 if decode else 128), next_pow2(dim))
-    grid = (batch, triton.cdiv(dim, block_d), tiles)
-    _causal_conv1d_varlen_kernel[grid](
-        x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y, inter,
-        dim, conv_states.shape[0], inter.shape[0], inter.shape[1],
-        x.stride(0), y.stride(0), weight.stride(0),
-        conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
-        inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
-        K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
-        VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d, TILE=TOKEN_TILE if tiles > 1 else 1 << 30,
-        WRITE_WINDOW=write_pool and tiles == 1, INTERIOR=not decode and not verify and INTERIOR_PATH[0],
-        **({"num_warps": num_warps} if num_warps else {}),
-    )
+    else:
+        # a verify row is a few tokens (its drafts + 1): one block of the scratch's steps (+ the
+        # token whose window goes to the pool), not 32
+        verify_tokens = inter.shape[1] + int(write_pool)
+        block_t = block_t or (1 if decode else min(32, max(2, next_pow2(verify_tokens))) if verify else 32)
+        _causal_conv1d_varlen_kernel[(batch, triton.cdiv(dim, block_d), tiles)](
+            x, weight, bias if bias is not None else weight, conv_states, state_slots, cu_seqlens, y, inter,
+            dim, conv_states.shape[0], inter.shape[0], inter.shape[1],
+            x.stride(0), y.stride(0), weight.stride(0),
+            conv_states.stride(0), conv_states.stride(1), conv_states.stride(2),
+            inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3),
+            K=width, KW_PAD=next_pow2(width - 1), HAS_BIAS=bias is not None, SILU=activation is not None,
+            VERIFY=verify, BLOCK_T=block_t, BLOCK_D=block_d, TILE=TOKEN_TILE if tiles > 1 else 1 << 30,
+            WRITE_WINDOW=write_pool and tiles == 1, **({"num_warps": num_warps} if num_warps else {}),
+        )
     if write_pool and tiles > 1:
         _conv_window_kernel[(batch, triton.cdiv(dim, block_d))](
             x, conv_states, state_slots, cu_seqlens, dim, conv_states.shape[0], x.stride(0),

@@ -117,9 +117,9 @@ def test_triton_path_matches_reference(family, steps, models, monkeypatch):
 
 @pytest.mark.parametrize("family", ["qwen3_5", "bamba"])  # attention, GDN, conv / Mamba2
 def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
-    """Piecewise graphs hand every varlen op (ops.varlen_op) an `out` buffer its kernel path
+    """Piecewise graphs hand every varlen op (varlen.varlen_op) an `out` buffer its kernel path
     must write and return: the same steps with such a hook give the same logits and pools."""
-    from hybrid_serve.models.layers import ops
+    from hybrid_serve.models.layers import varlen
 
     model = models(family, TRITON_DEVICE)
     gen = torch.Generator().manual_seed(2)
@@ -131,16 +131,16 @@ def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
     def hand_out(fn, bound, out_spec):
         shape, dtype = out_spec(bound.arguments)
         out = torch.full(shape, float("nan"), dtype=dtype, device=TRITON_DEVICE)
-        ops.VARLEN_HOOK[0] = None
+        varlen.VARLEN_HOOK[0] = None
         try:
             result = fn(*bound.args, **bound.kwargs, out=out)
         finally:
-            ops.VARLEN_HOOK[0] = hand_out
+            varlen.VARLEN_HOOK[0] = hand_out
         assert result.data_ptr() == out.data_ptr(), f"{fn.__name__} did not write its out buffer"
         calls.append(fn.__name__)
         return result
 
-    monkeypatch.setattr(ops, "VARLEN_HOOK", [hand_out])
+    monkeypatch.setattr(varlen, "VARLEN_HOOK", [hand_out])
     got_logits, got_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE)
     assert calls
     assert _rel(got_logits, want_logits) < 1e-6
