@@ -103,7 +103,10 @@ try:
                      torch.float32: np.dtype(np.float32)}
 except ImportError:  # numpy is optional for torch: stage through fresh page-locked tensors then
     _NUMPY_DTYPES = {}
-_TO_DEVICE = _Staging(1 << 20)  # host lists on their way to the device (several a step)
+# host lists on their way to the device (several a step): 8 segments of 1 MiB, so a prompt
+# step's input ids fit up to 131,072 tokens (int64); a longer list takes a fresh page-locked
+# tensor (an allocation on the step's path)
+_TO_DEVICE = _Staging(1 << 23)
 _TO_HOST = _ReadBack(8)  # step results read back (at most two in flight)
 
 

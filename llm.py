@@ -71,7 +71,7 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer: pass prompts as token id lists")
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
-        if isinstance(prompt, (list, tuple)) and set(map(type, prompt)) <= {int}:  # ints, not bools (C speed)
+        if isinstance(prompt, (list, tuple)):  # its ids are checked once, by validate_prompt
             return None, list(prompt)
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 

@@ -4,6 +4,11 @@ step sees its old contents copied out before it is reset.
 
     ("row", req_row, state_slot)          row -> state-slot map (state_slot 0 clears it)
     ("kv", req_row, start_pos, kv_slots)  req_to_token[req_row, start_pos:...] = kv_slots
+    ("kv_pages", req_row, first_page, pages, page_size)
+                                          the same for whole pages: positions from
+                                          first_page * page_size on get each page's slots
+                                          (p * page_size + 0 .. page_size - 1), expanded on
+                                          the device (what the cache manager issues)
     ("reset", state_slot)                 zero a state slot (fresh request)
     ("copy", src_state_slot, dst_state_slot)  state and layout tag, every layer
     ("commit", state_slots, accepted_steps, kept_tokens, checkpoint_masks)
@@ -29,6 +34,9 @@ class CacheOps:
 
     def set_kv(self, req_row: int, start_pos: int, kv_slots: list[int]) -> None:
         self.ops.append(("kv", req_row, start_pos, kv_slots))
+
+    def set_kv_pages(self, req_row: int, first_page: int, pages: list[int], page_size: int) -> None:
+        self.ops.append(("kv_pages", req_row, first_page, pages, page_size))
 
     def reset(self, state_slot: int) -> None:
         self.ops.append(("reset", state_slot))
@@ -56,15 +64,19 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
     """Apply `ops` in order. `deferred_verify`: the shard's last forward was a verify step that
     deferred its GDN state updates (a commit then replays them). The KV-table writes ("kv")
     are gathered and applied together at the end (`RequestRowTable.set_kv_slots_many`: one
-    copy and one scatter for the step): no other op reads the KV table, and writes to the
-    same positions keep their order."""
-    kv_writes = []
+    copy and one scatter for the step), and so are the page writes ("kv_pages",
+    `set_kv_pages_many`): no other op reads the KV table, and writes to the same positions
+    keep their order (a step with both kinds has its page writes expanded to slot writes on
+    the host, in order; the cache manager issues page writes only)."""
+    kv_writes, page_writes = [], []
     for op in ops.ops:
         kind = op[0]
         if kind == "row":
             table.set_state_slot(op[1], op[2])
         elif kind == "kv":
             kv_writes.append((op[1], op[2], op[3]))
+        elif kind == "kv_pages":
+            page_writes.append(op[1:])
         elif kind == "reset":
             if state_pool is not None:
                 state_pool.reset(op[1])
@@ -77,5 +89,20 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
                                            checkpoint_masks=op[4], deferred=deferred_verify)
         else:
             raise ValueError(f"unknown cache op {op!r}")
+    if kv_writes and page_writes:  # never from the cache manager: keep the order, as slots
+        kv_writes = [(row, start, slots) for row, start, slots in _in_issue_order(ops)]
+        page_writes = []
     if kv_writes:
         table.set_kv_slots_many(kv_writes)
+    for page_size in sorted({w[3] for w in page_writes}):
+        table.set_kv_pages_many([w[:3] for w in page_writes if w[3] == page_size], page_size)
+
+
+def _in_issue_order(ops: CacheOps):
+    """Every KV-table write of `ops` as (req_row, start_pos, kv_slots), in issue order."""
+    for op in ops.ops:
+        if op[0] == "kv":
+            yield op[1], op[2], op[3]
+        elif op[0] == "kv_pages":
+            _, req_row, first_page, pages, page_size = op
+            yield req_row, first_page * page_size, [p * page_size + o for p in pages for o in range(page_size)]

@@ -35,6 +35,43 @@ class RequestRowTable:
             raise ValueError(f"positions up to {end} exceed max_context {self.max_context}")
         self.req_to_token[req_row, start_pos:end] = kv_slots
 
+    def set_kv_pages_many(self, writes: list[tuple[int, int, list[int]]], page_size: int) -> None:
+        """Whole-page writes (req_row, first_page, pages as a host list): positions from
+        first_page * page_size on get each page's KV slots in order (page p holds slots
+        p * page_size .. p * page_size + page_size - 1). One copy of the page ids to the device
+        (1/page_size of the slots' bytes, and host work per page, not per token: an 8k-token
+        prompt is 512 ids, not 8,192) and one scatter that expands them there. Writes that
+        overlap within a row are applied one by one, in order (the last wins)."""
+        if len(writes) > 1 and _overlapping([(row, first, pages) for row, first, pages in writes]):
+            for write in writes:
+                self.set_kv_pages_many([write], page_size)
+            return
+        req_rows: list[int] = []
+        page_positions: list[int] = []
+        all_pages: list[int] = []
+        for req_row, first_page, pages in writes:
+            start, end = first_page * page_size, (first_page + len(pages)) * page_size
+            if not 0 <= req_row <= self.num_rows:
+                raise ValueError(f"request row {req_row} out of range 0..{self.num_rows}")
+            if start < 0 or end > self.max_context:
+                raise ValueError(f"positions {start}..{end} of row {req_row} outside 0..{self.max_context}")
+            req_rows += [req_row] * len(pages)
+            page_positions += range(first_page, first_page + len(pages))
+            all_pages += pages
+        n = len(all_pages)
+        if n == 0:
+            return
+        device = self.req_to_token.device
+        flat = to_device(req_rows + page_positions + all_pages, torch.int64, device)  # [3n]
+        offsets = torch.arange(page_size, device=device)  # [page_size]
+        slots = (flat[2 * n :, None] * page_size + offsets).flatten().to(torch.int32)  # [n * page_size]
+        if len(writes) == 1:  # one row: a slice
+            start = writes[0][1] * page_size
+            self.req_to_token[writes[0][0], start : start + n * page_size] = slots
+            return
+        positions = (flat[n : 2 * n, None] * page_size + offsets).flatten()
+        self.req_to_token.index_put_((flat[:n, None].expand(n, page_size).flatten(), positions), slots)
+
     def set_kv_slots_many(self, writes: list[tuple[int, int, list[int]]]) -> None:
         """Several `set_kv_slots` (req_row, start_pos, kv_slots as a host list) in one copy to
         the device and one scatter, instead of two launches each: a step's new pages, one

@@ -67,7 +67,9 @@ class Shard:
                          self.dtype, self.device)
         state_pool = StatePool(setup.num_state_slots, max(layout.num_state_layers, 1), layout.state_spec,
                                self.device, scratch_rows=setup.scratch_rows, scratch_steps=setup.scratch_steps)
-        table = RequestRowTable(setup.num_req_rows, setup.max_model_len, self.device)
+        # whole pages: a request's last page may run past max_model_len (the KV writes are per page)
+        table = RequestRowTable(setup.num_req_rows, -(-setup.max_model_len // setup.page_size) * setup.page_size,
+                                self.device)
         graph_batch = decode_graph_max_batch(cfg.enable_cuda_graphs, cfg.cuda_graph_max_batch, setup.num_req_rows,
                                              self.device)
         spec = cfg.speculative_config

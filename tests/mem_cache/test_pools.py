@@ -94,9 +94,9 @@ def test_manager_allocates_lazily_and_releases_everything():
     a = cache.admit(list(range(10)), 10)
     assert cache.ensure_kv(a, 6) and len(a.pages) == 2
     pre, _ = cache.take_ops()
-    kv_ops = [op for op in pre.ops if op[0] == "kv"]
-    assert kv_ops[0][3] == [p * 4 + o for p in a.pages for o in range(4)]
-    assert all(s >= 4 for s in kv_ops[0][3])  # page 0's KV slots are never handed out
+    kv_ops = [op for op in pre.ops if op[0] == "kv_pages"]
+    assert kv_ops[0][1:] == (a.req_row, 0, a.pages, 4)  # whole pages from position 0
+    assert all(p >= 1 for p in kv_ops[0][3])  # page 0 (its KV slots) is never handed out
     b = cache.admit([1, 2], 2)
     assert cache.ensure_kv(b, 24) and not cache.ensure_kv(a, 9)  # 8 usable pages: 2 + 6 taken
     cache.check_integrity()
@@ -296,11 +296,41 @@ def test_a_step_whose_checkpoints_were_all_skipped_still_reports_them():
     cache.check_empty()
 
 
-@pytest.mark.parametrize("pages", [[], [3], [5, 2, 9], list(range(40, 0, -3))], ids=["none", "one", "three", "many"])
-def test_kv_slots_of_pages_are_page_by_page(pages):
-    """`_slots_of` (numpy-expanded for long page lists) gives each page's slots in order, as
-    Python ints: what the KV table writes take."""
-    cache = CacheManager(num_pages=64, page_size=4, num_state_slots=2, num_rows=2, max_context=256)
-    slots = cache._slots_of(pages)
-    assert slots == [p * 4 + o for p in pages for o in range(4)]
-    assert all(type(s) is int for s in slots)
+def test_kv_page_writes_equal_their_slots_written_one_by_one():
+    """Whole-page writes ("kv_pages", what the cache manager issues) expand on the device to
+    each page's slots in order; a step's page writes (several rows, overlapping ones in a
+    row: in order, the last wins; mixed with slot writes: in issue order) leave the table as
+    the same slots written one by one; a page write past the table is a ValueError."""
+    gen = torch.Generator().manual_seed(1)
+    ps = 4
+    for trial in range(20):
+        writes = []
+        for _ in range(int(torch.randint(1, 7, (1,), generator=gen))):
+            row = int(torch.randint(1, 5, (1,), generator=gen))
+            first = int(torch.randint(0, 10, (1,), generator=gen))
+            n = int(torch.randint(0, 16 - first + 1, (1,), generator=gen))
+            writes.append((row, first, torch.randint(0, 200, (n,), generator=gen).tolist()))
+        mixed = trial % 4 == 3  # a slot write in the middle: the host keeps the issue order
+        one_by_one, together = RequestRowTable(4, 64, "cpu"), RequestRowTable(4, 64, "cpu")
+        ops = CacheOps()
+        for k, (row, first, pages) in enumerate(writes):
+            one_by_one.set_kv_slots(row, first * ps, [p * ps + o for p in pages for o in range(ps)])
+            ops.set_kv_pages(row, first, pages, ps)
+            if mixed and k == 0:
+                one_by_one.set_kv_slots(row, 1, [7, 7])
+                ops.set_kv(row, 1, [7, 7])
+        apply_cache_ops(ops, together, None)
+        assert torch.equal(together.req_to_token, one_by_one.req_to_token), (trial, writes)
+    with pytest.raises(ValueError, match="positions 60..68 of row 2"):
+        RequestRowTable(4, 64, "cpu").set_kv_pages_many([(1, 0, [1]), (2, 15, [3, 4])], ps)
+
+
+def test_engine_serves_up_to_a_max_model_len_that_is_no_page_multiple():
+    """max_model_len 100 with 16-token pages: the request-row table holds whole pages (112
+    positions), so a request reaching its last page is served (it raised ValueError)."""
+    from hybrid_serve import LLM, SamplingParams
+
+    llm = LLM(max_model_len=100, page_size=16, cache_memory_bytes=16 * 1024**2)
+    assert llm.engine.shard.runner.req_table.max_context == 112
+    out = llm.generate([[5] * 90], SamplingParams(max_tokens=10, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 10
