@@ -73,9 +73,10 @@ class PrefixIndex(Protocol):
         """Blocks predicted cached on `replica_id` (how full its cache is predicted to be)."""
 
     def ends_a_prompt(self, replica_id: str, prompt_token_ids: Sequence[int], tokens: int) -> bool:
-        """Whether the first `tokens` of the prompt are a whole earlier prompt sent to
-        `replica_id` (up to its prompt-end checkpoint): the request continues that one (a
-        conversation's next turn), rather than sharing a prefix inside other prompts."""
+        """Whether the first `tokens` of the prompt hold a whole earlier prompt sent to
+        `replica_id` (up to its prompt-end checkpoint, or past it): the request continues
+        that one (a conversation's next turn), rather than sharing a prefix inside other
+        prompts."""
 
 
 class _ReplicaBlocks:
@@ -247,9 +248,29 @@ class BlockPrefixIndex:
         return len(replica.blocks) if replica is not None else 0
 
     def ends_a_prompt(self, replica_id: str, prompt_token_ids: Sequence[int], tokens: int) -> bool:
+        """Any block of the first `tokens` that ended a prompt sent there, not only the last:
+        a checkpoint the replica took past an earlier prompt's end (at the end of the reply it
+        generated, or at an interval position the prompt's full length reached) extends the
+        reusable prefix beyond that prompt's end, and the request still continues it (taking
+        only the last block, on 2 H200s 36 of 128 later turns looked like new conversations
+        and left the replica holding their history). Searched from the deepest block."""
         replica = self.replicas.get(replica_id)
-        n = tokens // self.page_size
+        hashes = self._usable_hashes(prompt_token_ids)
+        n = min(tokens // self.page_size, len(hashes))
         if replica is None or n < 1:
             return False
-        hashes = self._usable_hashes(prompt_token_ids)
-        return n <= len(hashes) and hashes[n - 1] in replica.prompt_ends
+        ends = replica.prompt_ends
+        if len(ends) < n:  # fewer prompt ends there than blocks to look at: look them up instead
+            first_block = self._first_block_of(prompt_token_ids, hashes)
+            return any(first_block.get(h, n) < n for h in ends)
+        return any(hashes[i] in ends for i in range(n - 1, -1, -1))
+
+    def _first_block_of(self, prompt_token_ids: Sequence[int], hashes: list[int]) -> dict[int, int]:
+        """hash -> its block index in the prompt (built once per recent prompt)."""
+        entry = self._recent.get(id(prompt_token_ids))
+        if entry is not None and entry[2] is hashes and len(entry) > 3:
+            return entry[3]
+        first_block = {h: i for i, h in enumerate(hashes)}
+        if entry is not None and entry[2] is hashes:
+            self._recent[id(prompt_token_ids)] = (*entry[:3], first_block)
+        return first_block

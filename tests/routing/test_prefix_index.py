@@ -50,6 +50,22 @@ def test_a_prompt_that_continues_an_earlier_one_is_told_from_one_sharing_its_sys
     assert not index.ends_a_prompt("r0", later_turn, 24)
 
 
+def test_a_checkpoint_past_the_prompt_end_still_continues_the_conversation():
+    """The replica reports a checkpoint at the prompt's full length (its reply's end, or an
+    interval position the prompt reached), past the prompt-end checkpoint the index
+    predicted: the next turn's reusable prefix ends there, and it still continues the
+    prompt (a whole earlier prompt lies inside it); one sharing only a system prompt does not."""
+    index = BlockPrefixIndex(page_size=4, checkpoint_interval=8)
+    system = list(range(100, 116))
+    first = system + [1] * 8  # 24 tokens: the prompt-end checkpoint at 20 (before its last token)
+    index.record_sent("r0", first)
+    later_turn, other_user = first + [2] * 6, system + [3] * 9
+    assert index.match(later_turn) == {"r0": 20}
+    index.apply_event("r0", cache_event("checkpoint_taken", first, 4))  # at 24: the reply's first point
+    assert index.match(later_turn) == {"r0": 24} and index.ends_a_prompt("r0", later_turn, 24)
+    assert not index.ends_a_prompt("r0", other_user, 16)
+
+
 def test_events_make_the_index_forget_what_the_replica_forgot():
     index = BlockPrefixIndex(PS, INTERVAL, hybrid=True)
     prompt = list(range(40))
