@@ -11,6 +11,12 @@ import torch
 from ..device_io import to_device
 
 
+# Page writes of fewer pages than this (a decode step's requests crossing into a new page) are
+# expanded to slots on the host: one copy and one scatter, as slot writes, where the device
+# expansion would add four small launches to the step
+HOST_EXPANDED_PAGES = 8
+
+
 class RequestRowTable:
     def __init__(self, num_rows: int, max_context: int, device: torch.device | str) -> None:
         if num_rows < 1:
@@ -40,8 +46,14 @@ class RequestRowTable:
         first_page * page_size on get each page's KV slots in order (page p holds slots
         p * page_size .. p * page_size + page_size - 1). One copy of the page ids to the device
         (1/page_size of the slots' bytes, and host work per page, not per token: an 8k-token
-        prompt is 512 ids, not 8,192) and one scatter that expands them there. Writes that
-        overlap within a row are applied one by one, in order (the last wins)."""
+        prompt is 512 ids, not 8,192) and one scatter that expands them there; fewer than
+        HOST_EXPANDED_PAGES pages in all go as slot writes. Writes that overlap within a row
+        are applied one by one, in order (the last wins)."""
+        if sum(len(pages) for _, _, pages in writes) < HOST_EXPANDED_PAGES:  # decode steps crossing pages
+            self.set_kv_slots_many([(row, first * page_size, [p * page_size + o for p in pages
+                                                               for o in range(page_size)])
+                                    for row, first, pages in writes])
+            return
         if len(writes) > 1 and _overlapping([(row, first, pages) for row, first, pages in writes]):
             for write in writes:
                 self.set_kv_pages_many([write], page_size)

@@ -305,7 +305,7 @@ def test_kv_page_writes_equal_their_slots_written_one_by_one():
     ps = 4
     for trial in range(20):
         writes = []
-        for _ in range(int(torch.randint(1, 7, (1,), generator=gen))):
+        for _ in range(int(torch.randint(1, 7, (1,), generator=gen))):  # under and over HOST_EXPANDED_PAGES
             row = int(torch.randint(1, 5, (1,), generator=gen))
             first = int(torch.randint(0, 10, (1,), generator=gen))
             n = int(torch.randint(0, 16 - first + 1, (1,), generator=gen))
