@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 from .allocator import IdAllocator
 from .ops import CacheOps
 from .radix_cache import CacheEvent, RadixCache, RadixNode

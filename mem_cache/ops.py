@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .req_table import RequestRowTable
+from .req_table import RequestRowTable, page_slots
 from .state_pool import StatePool
 
 
@@ -105,4 +105,4 @@ def _in_issue_order(ops: CacheOps):
             yield op[1], op[2], op[3]
         elif op[0] == "kv_pages":
             _, req_row, first_page, pages, page_size = op
-            yield req_row, first_page * page_size, [p * page_size + o for p in pages for o in range(page_size)]
+            yield req_row, first_page * page_size, page_slots(pages, page_size)

@@ -17,6 +17,12 @@ from ..device_io import to_device
 HOST_EXPANDED_PAGES = 8
 
 
+def page_slots(pages: list[int], page_size: int) -> list[int]:
+    """The KV slots of `pages`, page by page (page p holds p * page_size .. p * page_size +
+    page_size - 1), as a host list."""
+    return [p * page_size + o for p in pages for o in range(page_size)]
+
+
 class RequestRowTable:
     def __init__(self, num_rows: int, max_context: int, device: torch.device | str) -> None:
         if num_rows < 1:
@@ -50,8 +56,7 @@ class RequestRowTable:
         HOST_EXPANDED_PAGES pages in all go as slot writes. Writes that overlap within a row
         are applied one by one, in order (the last wins)."""
         if sum(len(pages) for _, _, pages in writes) < HOST_EXPANDED_PAGES:  # decode steps crossing pages
-            self.set_kv_slots_many([(row, first * page_size, [p * page_size + o for p in pages
-                                                               for o in range(page_size)])
+            self.set_kv_slots_many([(row, first * page_size, page_slots(pages, page_size))
                                     for row, first, pages in writes])
             return
         if len(writes) > 1 and _overlapping([(row, first, pages) for row, first, pages in writes]):

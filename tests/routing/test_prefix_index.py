@@ -64,6 +64,10 @@ def test_a_checkpoint_past_the_prompt_end_still_continues_the_conversation():
     index.apply_event("r0", cache_event("checkpoint_taken", first, 4))  # at 24: the reply's first point
     assert index.match(later_turn) == {"r0": 24} and index.ends_a_prompt("r0", later_turn, 24)
     assert not index.ends_a_prompt("r0", other_user, 16)
+    for k in range(8):  # more prompt ends there than blocks to look at: the block scan answers the same
+        index.record_sent("r0", system + [50 + k] * 9)
+    assert len(index.replicas["r0"].prompt_ends) > 6
+    assert index.ends_a_prompt("r0", later_turn, 24) and not index.ends_a_prompt("r0", other_user, 16)
 
 
 def test_events_make_the_index_forget_what_the_replica_forgot():
