@@ -243,6 +243,17 @@ def _decision_reasons(metrics: str) -> Counter:
     return out
 
 
+def _decision_time(metrics: str) -> float | None:
+    """Our router's mean decision time (ms) over the app's life (its histogram in /metrics)."""
+    total = count = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("hybrid_serve_router_decision_seconds_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("hybrid_serve_router_decision_seconds_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return round(1e3 * total / count, 3) if count else None
+
+
 def _replica_sums(metrics: str) -> dict[str, dict[str, list[float]]]:
     """{replica label: {series key: [sum s, count]}} of serve_bench's SERVER_HISTOGRAMS (the
     replicas' TTFT and queue time) in the app's /metrics text: the time each request spent at
@@ -346,7 +357,13 @@ def run_serve(args) -> dict:
                        "later_turn_ttft_p50_s": round(statistics.median(
                            [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
                 row["failed_requests"] = len(failures)
+                row["ttft_mean_ms"] = round(1e3 * statistics.mean(ttfts), 2)  # (beside the replicas' mean)
                 row.update(split)
+                if "replica_ttft_mean_ms" in row:  # before the replica: HTTP, ingress, routing, the hand-over
+                    row["before_replica_mean_ms"] = round(row["ttft_mean_ms"] - row["replica_ttft_mean_ms"], 2)
+                decision = _decision_time(metrics)
+                if decision:
+                    row["decision_mean_ms"] = decision
                 row["hits_vs_best_case"] = hit_accounting(results, conversations, args.system_tokens)
                 if reasons:
                     row["decision_reasons"] = reasons

@@ -27,7 +27,9 @@ class EngineClient(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     def load(self) -> LoadView:
-        """The engine's load as of its last step (what admission decides from)."""
+        """The engine's load as of its last step (what admission decides from). A client may
+        also have `reported_load() -> (LoadView, requests taken)` (engine/async_engine.py),
+        which the router is then given; without it, the router reads `load`."""
 
     def take_cache_events(self) -> list:
         """The prefix cache's events (mem_cache.CacheEvent) since the last call, for the router."""

@@ -86,7 +86,8 @@ class LLMServerImpl:
                                    max_waiting_tokens=bounds["max_waiting_tokens"])
         self.queue = FirstTokenQueue()
         self.num_answered = 0  # requests past their first token, not yet ended
-        self.num_received = 0  # requests ever routed here (the router matches its placements to it)
+        self.num_received = 0  # requests ever routed here
+        self.num_refused = 0  # of those, refused before reaching the engine (admission, a dead engine)
         self.ttft_avg_s: float | None = None  # moving average, from arrival here to the first delta
         self.cache_events = CacheEventRing(config.engine_config().page_size)
         self.on_engine_dead: Callable[[], None] | None = None  # the Serve replica leaves (`LLMServer`)
@@ -108,8 +109,20 @@ class LLMServerImpl:
         take = getattr(self.engine, "take_cache_events", None)
         if take is not None:
             self.cache_events.extend(take())
-        return {**self.engine.load().routing_stats(), "num_received_requests": self.num_received,
-                EVENTS_KEY: self.cache_events.snapshot()}
+        view, received = self.reported_load()
+        return {**view.routing_stats(), "num_received_requests": received, EVENTS_KEY: self.cache_events.snapshot()}
+
+    def reported_load(self) -> tuple[LoadView, int]:
+        """The load to report to the router and how many of the requests routed here it
+        accounts for (`num_received_requests`: the router matches its placements to it and
+        counts the rest itself, with the prefill tokens it predicts for them). Those the
+        engine has taken, and those refused here; a request on its way to the engine is in
+        neither (its tokens are not in the engine's waiting tokens yet)."""
+        reported = getattr(self.engine, "reported_load", None)
+        if reported is None:  # an engine client without the count: everything received
+            return self.engine.load(), self.num_received
+        view, taken = reported()
+        return view, self.num_refused + taken
 
     def model_info(self) -> ModelInfo:
         return self.engine.model_info()
@@ -128,12 +141,14 @@ class LLMServerImpl:
         verdict = self.admission.on_arrival(self.engine.load(), self.queue, num_tokens,
                                             num_answered=self.num_answered)
         if verdict.decision == "reject":
+            self.num_refused += 1
             yield GenerateError(503, f"replica {self.replica} is overloaded ({verdict.reason}); retry later",
                                 code=OVERLOADED, retry_after_s=self.retry_after_s(), replica=self.replica)
             return
         try:
             self.engine.check_health()
         except EngineDeadError as exc:
+            self.num_refused += 1
             yield self._dead(exc)
             return
         arrived, answered = time.monotonic(), False
@@ -262,7 +277,8 @@ class LLMServer:
 
     def record_routing_stats(self) -> dict:
         """Serve asks each replica for this periodically and hands it to the request router
-        (its load as admission sees it, `LoadView.routing_stats`, and its cache events)."""
+        (its engine's last reported load, `LoadView.routing_stats`, the requests that load
+        accounts for, and its cache events)."""
         return self.impl.routing_stats()
 
     async def check_health(self) -> None:

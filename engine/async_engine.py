@@ -159,6 +159,9 @@ class AsyncLLMEngine:
         self._view: LoadView | None = None
         self._cache_events: list = []  # from the reports, handed out by take_cache_events
         self._adds_sent = self._adds_taken = 0
+        # the last report's load and the adds the engine had taken by then, as one pair (read
+        # from the replica's thread while the report thread writes)
+        self._reported: tuple[LoadView, int] | None = None
         self._error: BaseException | None = None
         self._exited = False
         if backend_factory is None:
@@ -245,14 +248,24 @@ class AsyncLLMEngine:
         self.backend.send(("abort", request_id))
 
     def load(self) -> LoadView:
-        """The engine's load as of its last report; requests not yet taken by the engine count
-        as waiting requests, not as waiting tokens: a router reads a report until its next poll,
-        by when such a request may have ended, and its prompt tokens would then weigh as load
-        on an idle replica (they moved conversations off their history:
-        tests/e2e/test_prefix_router.py)."""
+        """The engine's load as of its last report, for admission: requests not yet taken by
+        the engine count as waiting requests (their uncached tokens are unknown here: a later
+        turn's history may be cached). The router reads `reported_load` instead."""
         view = self._view or LoadView(0, 0, 0, 0, 0, 0, 0)
         pending = self._adds_sent - self._adds_taken
         return replace(view, num_waiting=view.num_waiting + pending) if pending > 0 else view
+
+    def reported_load(self) -> tuple[LoadView, int]:
+        """For the router: the engine's last reported load, and how many requests (adds) the
+        engine had taken when it reported it, i.e. how many of the requests sent here that
+        load accounts for. Requests sent but not taken yet are in neither: the router counts
+        them itself, with the prefill tokens it predicts for them (routing/policy.py), until
+        this count covers them. (Counting them as waiting requests without tokens, as `load`
+        does for admission, made a replica whose engine was busy in a long step look idle.)"""
+        reported = self._reported
+        if reported is None:
+            return self._view or LoadView(0, 0, 0, 0, 0, 0, 0), self._adds_taken
+        return reported
 
     def check_health(self) -> None:
         if self._error is not None or self._exited or not self.backend.alive():
@@ -347,6 +360,7 @@ class AsyncLLMEngine:
                     len(report.cache_events) <= MAX_PENDING_CACHE_EVENTS else [CacheEvent("reset")]
         if report.view is not None:
             self._view = view = report.view
+            self._reported = (view, self._adds_taken)
             m.running.set(view.num_running)
             m.waiting.set(view.num_waiting)
         m.kv_usage.set(report.stats.get("kv_cache_usage_ratio", 0.0))

@@ -669,3 +669,38 @@ def test_finished_requests_feed_the_suffix_index(tokenizer):
     for stream in (False, True):
         assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 3, "stream": stream}).status_code == 200
     assert feed.documents == [(engine.requests[0][1], [10, 11, 12]), (engine.requests[1][1], [10, 11, 12])]
+
+
+def test_routing_stats_count_the_requests_the_reported_load_accounts_for():
+    """The router matches its placements to `num_received_requests` and counts the rest
+    itself (with the prefill it predicts): the replica reports those its engine has taken,
+    plus those it refused, not every arrival (one still on its way to the engine would drop
+    out of the router's count before its tokens are in the engine's load)."""
+    from hybrid_serve.deploy.errors import GenerateError
+    from hybrid_serve.deploy.server import GenerateRequest
+    from hybrid_serve.engine.sampling_params import SamplingParams
+
+    class Engine(FakeEngine):
+        taken = 0
+
+        def reported_load(self):
+            return LoadView(0, self.taken, 7 * self.taken, 8, 8, 8, 8), self.taken
+
+    async def scenario():
+        engine = Engine(max_num_seqs=1)
+        server = LLMServerImpl(AppConfig(max_waiting_requests=1), "r0", engine_factory=lambda c, r: engine)
+        streams = [server.generate(GenerateRequest(f"q{i}", [1] * 9, SamplingParams(max_tokens=2))) for i in range(3)]
+        assert isinstance(await streams[0].__anext__(), Started)
+        assert isinstance(await streams[1].__anext__(), Started)
+        stats = server.routing_stats()
+        assert (stats["num_received_requests"], stats["num_waiting"]) == (0, 0)  # received, not yet taken
+        assert isinstance(await streams[2].__anext__(), GenerateError)  # refused: in the count at once
+        engine.taken = 1
+        stats = server.routing_stats()
+        assert (stats["num_received_requests"], stats["num_waiting_tokens"]) == (2, 7)
+        for stream in streams[:2]:
+            await stream.aclose()
+
+    asyncio.run(scenario())
+    plain = LLMServerImpl(AppConfig(), "r0", engine_factory=lambda c, r: FakeEngine())
+    assert plain.routing_stats()["num_received_requests"] == 0  # an engine client without the count

@@ -236,15 +236,16 @@ def test_speculative_stream_and_metrics(ref_llm):
 
 def test_requests_the_engine_has_not_taken_count_as_waiting_requests_not_tokens():
     """A request handed to the engine but not yet in its last report counts as a waiting
-    request, but its prompt tokens do not (AsyncLLMEngine.load: a report outlives the
-    request, and its tokens would weigh on an idle replica)."""
+    request for admission, its prompt tokens not (their cached part is unknown here); the
+    router's view (`reported_load`) is the last report and the requests it accounts for."""
     class Backend:  # an engine process that has not taken anything yet
         first_report = type("First", (), {"view": LoadView(0, 0, 0, 8, 8, 100, 8), "stats": {}})()
         limits = ModelLimits(max_model_len=128, vocab_size=256)
         sent: list = []
 
         def __init__(self, on_report, on_exit):
-            self.on_report = on_report
+            nonlocal backend
+            self.on_report, backend = on_report, self
 
         def send(self, msg):
             self.sent.append(msg)
@@ -256,6 +257,7 @@ def test_requests_the_engine_has_not_taken_count_as_waiting_requests_not_tokens(
         def stop(self, timeout_s):
             pass
 
+    backend = None
     eng = AsyncLLMEngine(model_name="demo", backend_factory=Backend)
     params = SamplingParams(max_tokens=1)
 
@@ -267,10 +269,19 @@ def test_requests_the_engine_has_not_taken_count_as_waiting_requests_not_tokens(
 
     async def main():
         tasks = [await start([5] * 30, "a"), await start([6] * 12, "b")]
-        view = eng.load()
+        view, reported = eng.load(), eng.reported_load()
         for t in tasks:
             t.cancel()
-        return view
+        await asyncio.sleep(0.01)  # (the aborts go out)
+        return view, reported
 
-    view = asyncio.run(main())
+    view, reported = asyncio.run(main())
     assert (view.num_waiting, view.num_waiting_tokens) == (2, 0)
+    # the router's view: the last report (nothing taken, nothing waiting): the router counts
+    # both requests itself until a report's count of taken requests covers them
+    assert reported[0].num_waiting == 0 and reported[1] == 0
+    from hybrid_serve.engine.engine_core import StepReport
+    taken = LoadView(0, 1, 18, 8, 8, 100, 8)  # the engine took "a" (18 tokens past its cached prefix)
+    backend.on_report(StepReport(time=0.0, num_adds=1, view=taken))
+    assert eng.reported_load() == (taken, 1)
+    assert eng.load().num_waiting == 2  # admission: "a" waiting in the engine, "b" not taken yet
