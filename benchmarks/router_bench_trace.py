@@ -50,6 +50,7 @@ class TracedHybridRequestRouter(HybridRequestRouter):
             "reason": placement.reason, "chosen": placement.replica_id, "predicted": placement.predicted_hit_tokens,
             "replicas": {r.replica_id: {"saved": saved.get(r.replica_id, 0), "running": r.num_running,
                                         "waiting": r.num_waiting, "waiting_tokens": r.num_waiting_tokens,
+                                        "running_prefill_tokens": r.num_running_prefill_tokens,
                                         "free_slots": r.num_free_state_slots,
                                         "checkpoint_slots": r.num_checkpoint_state_slots} for r in replicas}}) + "\n")
         return placement

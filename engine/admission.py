@@ -33,13 +33,17 @@ class LoadView:
     num_free_kv_pages: int  # free now (cached prefixes could be evicted for more)
     max_num_seqs: int
     num_checkpoint_state_slots: int = 0  # held by prefix-cache checkpoints (an admission evicts one if it must)
+    # prompt tokens the running sequences still have to compute (chunked prefills in progress:
+    # a replica prefilling long prompts is busy although nothing waits)
+    num_running_prefill_tokens: int = 0
 
     def routing_stats(self) -> dict[str, int]:
         """What the replica reports to the router (Serve's `record_routing_stats`;
         `routing.ReplicaStats.from_dict` reads it)."""
         return {"num_running": self.num_running, "num_waiting": self.num_waiting,
                 "num_waiting_tokens": self.num_waiting_tokens, "num_free_state_slots": self.num_free_state_slots,
-                "num_free_kv_pages": self.num_free_kv_pages, "num_checkpoint_state_slots": self.num_checkpoint_state_slots}
+                "num_free_kv_pages": self.num_free_kv_pages, "num_checkpoint_state_slots": self.num_checkpoint_state_slots,
+                "num_running_prefill_tokens": self.num_running_prefill_tokens}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ class ReplicaStats:
     num_received_requests: int = -1  # requests the replica ever received (-1: not reported)
     # state slots held by prefix-cache checkpoints: a new request evicts one when none is free
     num_checkpoint_state_slots: int = 0
+    num_running_prefill_tokens: int = 0  # prompt tokens its running requests still have to compute
 
     @classmethod
     def from_dict(cls, replica_id: str, stats: dict) -> "ReplicaStats":
@@ -45,7 +46,8 @@ class ReplicaStats:
         return cls(replica_id, *(int(stats.get(k, 0)) for k in (
             "num_running", "num_waiting", "num_waiting_tokens", "num_free_state_slots", "num_free_kv_pages")),
             num_received_requests=int(stats.get("num_received_requests", -1)),
-            num_checkpoint_state_slots=int(stats.get("num_checkpoint_state_slots", 0)))
+            num_checkpoint_state_slots=int(stats.get("num_checkpoint_state_slots", 0)),
+            num_running_prefill_tokens=int(stats.get("num_running_prefill_tokens", 0)))
 
     @property
     def num_obtainable_state_slots(self) -> int:
@@ -141,7 +143,8 @@ class PrefixAwarePolicy:
 
     Every replica is scored, those where nothing matches too (saved 0): saved = the reusable
     prefix the index predicts there (ending at a state checkpoint on a hybrid model), cost =
-    its waiting tokens + `running_cost_tokens` per running request, + `no_slot_cost_tokens`
+    its waiting tokens + the prompt tokens its running requests still have to compute (a long
+    chunked prefill in progress) + `running_cost_tokens` per running request, + `no_slot_cost_tokens`
     when no state slot can be had (a hybrid replica's concurrency is capped by them, not by
     KV): none free and, with `checkpoint_slots_obtainable` (default), none held by a
     prefix-cache checkpoint either, since the engine's admission evicts one (counting free
@@ -223,7 +226,8 @@ class PrefixAwarePolicy:
 
     def _cost(self, r: ReplicaStats, extra: _Unreported | None) -> int:
         slots = r.num_obtainable_state_slots if self.checkpoint_slots_obtainable else r.num_free_state_slots
-        return (r.num_waiting_tokens + (extra.tokens if extra else 0) + self.running_cost_tokens * r.num_running
+        return (r.num_waiting_tokens + r.num_running_prefill_tokens + (extra.tokens if extra else 0)
+                + self.running_cost_tokens * r.num_running
                 + (self.no_slot_cost_tokens if slots == 0 else 0))
 
     def _balanced(self, queue_len: int, least_queue: int) -> bool:

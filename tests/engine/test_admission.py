@@ -103,3 +103,21 @@ def test_the_engine_reports_its_view_and_the_scheduler_obeys_it():
     while engine.has_unfinished():
         engine.step()
     assert engine.load_view().num_running == 0 and engine.load_view().num_free_req_rows == 2
+
+
+def test_the_view_counts_the_prompt_tokens_a_running_chunked_prefill_still_has():
+    """A running request part-way through its prompt (chunks of 16) reports the rest of it
+    (routers weigh it as load: the replica is busy although nothing waits), none once decoding."""
+    from hybrid_serve import LLM, SamplingParams
+
+    engine = LLM(max_num_seqs=2, cache_memory_bytes=16 * 1024**2, max_model_len=128, chunked_prefill_size=16,
+                 max_num_batched_tokens=16, enable_prefix_caching=False).engine
+    engine.add_request("long", list(range(5, 55)), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+    engine.step()
+    view = engine.load_view()
+    assert (view.num_running, view.num_waiting, view.num_running_prefill_tokens) == (1, 0, 50 - 16)
+    engine.step()
+    assert engine.load_view().num_running_prefill_tokens == 50 - 32
+    while engine.load_view().num_running_prefill_tokens:
+        engine.step()
+    assert engine.load_view().num_running == 1  # decoding now

@@ -42,10 +42,12 @@ def test_stats_round_trip_from_the_engine_view():
     from hybrid_serve.engine.admission import LoadView
 
     view = LoadView(num_running=2, num_waiting=5, num_waiting_tokens=70, num_free_req_rows=6,
-                    num_free_state_slots=9, num_free_kv_pages=33, max_num_seqs=8, num_checkpoint_state_slots=4)
+                    num_free_state_slots=9, num_free_kv_pages=33, max_num_seqs=8, num_checkpoint_state_slots=4,
+                    num_running_prefill_tokens=900)
     stats = ReplicaStats.from_dict("r0", view.routing_stats())
     assert (stats.num_running, stats.num_waiting, stats.num_waiting_tokens, stats.num_free_state_slots,
-            stats.num_free_kv_pages, stats.num_checkpoint_state_slots) == (2, 5, 70, 9, 33, 4)
+            stats.num_free_kv_pages, stats.num_checkpoint_state_slots, stats.num_running_prefill_tokens) == \
+        (2, 5, 70, 9, 33, 4, 900)
     assert stats.num_obtainable_state_slots == 13
 
 
@@ -78,6 +80,19 @@ def test_an_idle_replica_without_a_match_beats_matches_whose_queues_cost_more():
     # the same queues, but the match saves more than they cost: the match wins
     cheap = [ReplicaStats(s.replica_id, num_running=2, num_free_state_slots=8) for s in stats]
     assert policy.choose(RoutingRequest(_conversation(2)), cheap).reason == "prefix"
+
+
+def test_a_replica_in_the_middle_of_a_long_prefill_counts_what_it_still_has_to_compute():
+    """Both replicas hold the system prompt and run one request; r0's is still 2,000 tokens
+    into its prompt (chunked prefill), r1's decodes. Counted as one running request each, they
+    tie; the prompt tokens r0 still has to compute make r1 the faster first token."""
+    policy = _prefix_policy()
+    for r in ("r0", "r1"):
+        policy.index.record_sent(r, _conversation(0))
+    stats = [ReplicaStats("r0", num_running=1, num_free_state_slots=8, num_running_prefill_tokens=2000),
+             ReplicaStats("r1", num_running=1, num_free_state_slots=8)]
+    for i in range(1, 4):
+        assert policy.rank(RoutingRequest(_conversation(i)), stats).replica_id == "r1"
 
 
 def test_a_burst_between_load_reports_spreads_over_the_replicas():
