@@ -118,7 +118,9 @@ class HybridRequestRouter(RequestRouter):
         self.fallback = PowerOfTwoChoices(seed)
         self.lock = self.client.lock if self.client is not None else nullcontext()
         self.decisions: dict[str, int] = {}
-        self.predicted: dict[int, tuple[str, int]] = {}  # id(prompt ids) -> (replica, predicted hit), until routed
+        self.decided: dict[object, tuple[str, bool]] = {}  # request key -> (replica, new conversation) recorded
+        # id(prompt ids) -> (replica, predicted hit, new conversation, recorded when decided), until routed
+        self.predicted: dict[int, tuple[str, int, bool, bool]] = {}
 
     # ----- the replicas' reports ---------------------------------------------------------------
     def _stats(self, replica: RunningReplica) -> ReplicaStats:
@@ -171,8 +173,11 @@ class HybridRequestRouter(RequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         placement = self.place(request, [self._stats(r) for r in candidate_replicas])
         self.decisions[placement.reason] = self.decisions.get(placement.reason, 0) + 1
+        key = self._request_key(pending_request)
+        if key is not None:
+            self._record_decision(key, placement, len(request.prompt_token_ids))
         self.predicted[id(request.prompt_token_ids)] = (placement.replica_id, placement.predicted_hit_tokens,
-                                                        placement.new_conversation)
+                                                        placement.new_conversation, key is not None)
         if len(self.predicted) > 4096:  # (requests Serve never routed: cancelled)
             self.predicted.pop(next(iter(self.predicted)))
         self.metrics.decision(placement.replica_id, placement.reason, placement.predicted_hit_tokens,
@@ -182,6 +187,32 @@ class HybridRequestRouter(RequestRouter):
             self.metrics.index_replicas.set(len(self.index.replicas))
         best = by_id[placement.replica_id]
         return [[best], [r for r in candidate_replicas if r is not best]]
+
+    @staticmethod
+    def _request_key(pending_request: PendingRequest | None):
+        return getattr(getattr(pending_request, "metadata", None), "internal_request_id", None)
+
+    def _record_decision(self, key, placement: Placement, num_tokens: int) -> None:
+        """The decision counts as load (and as a new conversation) on its replica at once, not
+        when Serve reports the request routed: a burst's decisions all come before the first of
+        them is routed, and each must see the others (recorded at routing, 3 of 4 new
+        conversations arriving within 40 ms went to the one replica that looked idle). A
+        request Serve asks about again (a retry) moves its record; `on_request_routed` moves it
+        where Serve sent it if that is another replica."""
+        previous = self.decided.pop(key, None)
+        if previous is not None:
+            self._unrecord_decision(key, *previous)
+        self.policy.record_load(placement.replica_id, num_tokens - placement.predicted_hit_tokens, key)
+        if placement.new_conversation:
+            self.policy.record_new_conversation(placement.replica_id)
+        self.decided[key] = (placement.replica_id, placement.new_conversation)
+        if len(self.decided) > 4096:  # (requests Serve never routed: cancelled; their load expires)
+            self.decided.pop(next(iter(self.decided)))
+
+    def _unrecord_decision(self, key, replica_id: str, new_conversation: bool) -> None:
+        self.policy.unrecord_load(replica_id, key)
+        if new_conversation:
+            self.policy.unrecord_new_conversation(replica_id)
 
     async def _await_first_sync(self) -> None:
         """Right after start-up the Router actor may still be coming up (created on first use):
@@ -201,11 +232,17 @@ class HybridRequestRouter(RequestRouter):
         else:
             self.index.record_sent(replica, ids)
         self.policy.record_session(replica, request)
-        predicted_replica, hit, new_conversation = self.predicted.pop(id(ids), (None, 0, False))
+        predicted_replica, hit, new_conversation, recorded = self.predicted.pop(id(ids), (None, 0, False, False))
+        key = self._request_key(pending_request)
+        if recorded and key is not None:
+            decided = self.decided.pop(key, None)
+            if decided is not None and decided[0] == replica:
+                return  # recorded when decided, where Serve sent it
+            if decided is not None:  # Serve sent it elsewhere (the chosen replica was full)
+                self._unrecord_decision(key, *decided)
         if new_conversation:  # (where Serve sent it: the replica chosen, or the next when that one was full)
             self.policy.record_new_conversation(replica)
         # its prefill is load there until the replica's report shows it or it completes (routing/policy.py)
-        key = getattr(getattr(pending_request, "metadata", None), "internal_request_id", None)
         self.policy.record_load(replica, len(ids) - (hit if predicted_replica == replica else 0), key)
 
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:

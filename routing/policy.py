@@ -251,6 +251,12 @@ class PrefixAwarePolicy:
         """A request of a `Placement.new_conversation` went to `replica_id`."""
         self.new_conversations[replica_id] = (self.num_new_conversations(replica_id) + 1.0, self.clock())
 
+    def unrecord_new_conversation(self, replica_id: str) -> None:
+        """Take back a `record_new_conversation` (the request went elsewhere after all)."""
+        count = self.num_new_conversations(replica_id)
+        if count:
+            self.new_conversations[replica_id] = (max(0.0, count - 1.0), self.clock())
+
     def record(self, replica_id: str, request: RoutingRequest, predicted_hit_tokens: int = 0) -> None:
         """The request went to `replica_id`: its blocks will be cached there, its session lives
         there, its uncached prompt tokens are load there until the replica reports them."""
@@ -271,6 +277,11 @@ class PrefixAwarePolicy:
         if replica_id not in self.unreported:
             self.unreported[replica_id] = _Unreported()
         self.unreported[replica_id].add(object() if key is None else key, self.clock(), max(tokens, 0))
+
+    def unrecord_load(self, replica_id: str, key: object) -> None:
+        """Take back a `record_load` named `key` (the request went elsewhere after all)."""
+        if replica_id in self.unreported:
+            self.unreported[replica_id].remove(key)
 
     def complete(self, replica_id: str, key: object) -> None:
         """The request `record_load` named `key` finished on `replica_id`: no longer its load."""

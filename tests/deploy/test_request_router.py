@@ -131,3 +131,34 @@ def test_a_routed_request_is_load_on_its_replica_until_it_completes_or_is_report
     first.routing_stats = {"num_running": 1, "num_free_state_slots": 3}  # its report now shows q2
     asyncio.run(router.choose_replicas([a, b], _pending(unrelated)))
     assert name not in router.policy.unreported
+
+
+def test_decisions_of_a_burst_see_each_other_before_serve_routes_any():
+    """Serve asks for several requests' replicas before it reports the first routed: each
+    decision counts as load (and a new conversation) on its replica at once, so a burst of
+    new conversations over a system prompt one replica holds spreads (recorded when routed,
+    all four went to that replica); a retry moves its record, and a request Serve sends
+    elsewhere moves it there."""
+    import asyncio
+    from collections import Counter
+
+    router = _router()
+    system = list(range(64))
+    replicas = [_replica(f"b{i}", {"num_free_state_slots": 8}) for i in range(4)]
+    router.index.record_sent("b0", system + [999] * 8)  # an earlier conversation there
+    pending = [_pending(system + [1000 + i] * 8, request_id=f"n{i}") for i in range(4)]
+    chosen = [asyncio.run(router.choose_replicas(replicas, p))[0][0].replica_id.unique_id for p in pending]
+    assert max(Counter(chosen).values()) <= 2 and len(set(chosen)) >= 3  # new conversations' slack: 1
+
+    def entries():
+        return {key: name for name, e in router.policy.unreported.items() for key in e.entries}
+
+    assert entries() == {f"n{i}": chosen[i] for i in range(4)}
+    again = asyncio.run(router.choose_replicas(replicas, pending[0]))[0][0].replica_id.unique_id  # a retry
+    assert entries() == {"n0": again, **{f"n{i}": chosen[i] for i in range(1, 4)}}
+    elsewhere = next(r for r in replicas if r.replica_id.unique_id != chosen[3])
+    router.on_request_routed(pending[3], elsewhere.replica_id, None)  # Serve found chosen[3] full
+    for i in (1, 2):
+        router.on_request_routed(pending[i], SimpleNamespace(unique_id=chosen[i]), None)
+    assert entries() == {"n0": again, "n1": chosen[1], "n2": chosen[2], "n3": elsewhere.replica_id.unique_id}
+    assert sum(e.requests for e in router.policy.unreported.values()) == 4  # no double count
