@@ -109,7 +109,8 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
     from ..deploy.app import build_app
 
     router, _, ingress_replicas = router.partition("@")
-    # "prefix:w2": ours with saved_weight=2; "prefix:c1": with continuation_weight=1; "prefix:f":
+    # "prefix:w2": ours with saved_weight=2; "prefix:c1": with continuation_weight=1; "prefix:s0": with
+    # conversation_slack=0; "prefix:f":
     # the no-slot cost counting free state slots only (checkpoint_slots_obtainable=False) (routing/policy.py)
     router, *options = router.split(":")
     policy_kwargs = {}
@@ -117,9 +118,10 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
         if option == "f":
             policy_kwargs["checkpoint_slots_obtainable"] = False
             continue
-        key = {"w": "saved_weight", "c": "continuation_weight"}.get(option[:1])
+        key = {"w": "saved_weight", "c": "continuation_weight", "s": "conversation_slack"}.get(option[:1])
         if key is None:
-            raise ValueError(f"unknown router option {option!r} (w<saved_weight>, c<continuation_weight>, f)")
+            raise ValueError(f"unknown router option {option!r} (w<saved_weight>, c<continuation_weight>, "
+                             f"s<conversation_slack>, f)")
         policy_kwargs[key] = float(option[1:])
     unshared = router == "prefix_unshared"
     router = "prefix" if unshared else router
