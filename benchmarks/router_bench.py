@@ -77,7 +77,7 @@ def decision_time(seed: int, rate: float = 500.0, seconds: float = 4.0) -> dict:
         ids = prompts[i % len(prompts)]
         placement = router.place(RoutingRequest(ids), [router._stats(r) for r in replicas])
         router.predicted[id(ids)] = (placement.replica_id, placement.predicted_hit_tokens,  # (as choose_replicas)
-                                     placement.new_conversation, False)
+                                     placement.new_conversation)
         pending = SimpleNamespace(args=[SimpleNamespace(prompt_token_ids=ids, session_id=None)])
         router.on_request_routed(pending, SimpleNamespace(unique_id=placement.replica_id), None)
         times.append(time.perf_counter() - t0)

@@ -119,8 +119,8 @@ class HybridRequestRouter(RequestRouter):
         self.lock = self.client.lock if self.client is not None else nullcontext()
         self.decisions: dict[str, int] = {}
         self.decided: dict[object, tuple[str, bool]] = {}  # request key -> (replica, new conversation) recorded
-        # id(prompt ids) -> (replica, predicted hit, new conversation, recorded when decided), until routed
-        self.predicted: dict[int, tuple[str, int, bool, bool]] = {}
+        # id(prompt ids) -> (replica, predicted hit, new conversation), until routed
+        self.predicted: dict[int, tuple[str, int, bool]] = {}
 
     # ----- the replicas' reports ---------------------------------------------------------------
     def _stats(self, replica: RunningReplica) -> ReplicaStats:
@@ -177,7 +177,7 @@ class HybridRequestRouter(RequestRouter):
         if key is not None:
             self._record_decision(key, placement, len(request.prompt_token_ids))
         self.predicted[id(request.prompt_token_ids)] = (placement.replica_id, placement.predicted_hit_tokens,
-                                                        placement.new_conversation, key is not None)
+                                                        placement.new_conversation)
         if len(self.predicted) > 4096:  # (requests Serve never routed: cancelled)
             self.predicted.pop(next(iter(self.predicted)))
         self.metrics.decision(placement.replica_id, placement.reason, placement.predicted_hit_tokens,
@@ -232,14 +232,13 @@ class HybridRequestRouter(RequestRouter):
         else:
             self.index.record_sent(replica, ids)
         self.policy.record_session(replica, request)
-        predicted_replica, hit, new_conversation, recorded = self.predicted.pop(id(ids), (None, 0, False, False))
+        predicted_replica, hit, new_conversation = self.predicted.pop(id(ids), (None, 0, False))
         key = self._request_key(pending_request)
-        if recorded and key is not None:
-            decided = self.decided.pop(key, None)
-            if decided is not None and decided[0] == replica:
+        decided = self.decided.pop(key, None) if key is not None else None
+        if decided is not None:
+            if decided[0] == replica:
                 return  # recorded when decided, where Serve sent it
-            if decided is not None:  # Serve sent it elsewhere (the chosen replica was full)
-                self._unrecord_decision(key, *decided)
+            self._unrecord_decision(key, *decided)  # Serve sent it elsewhere (the chosen replica was full)
         if new_conversation:  # (where Serve sent it: the replica chosen, or the next when that one was full)
             self.policy.record_new_conversation(replica)
         # its prefill is load there until the replica's report shows it or it completes (routing/policy.py)
