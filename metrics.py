@@ -235,10 +235,16 @@ class _Merged:
         return self.families
 
 
+ADDITIVE_TYPES = ("counter", "histogram", "summary")
+
+
 def merge(snapshots: Iterable[list[Metric]]) -> list[Metric]:
-    """One family per name; samples of all snapshots, the first of duplicate series kept."""
+    """One family per name, with the samples of all snapshots. A series (name and labels) that
+    several processes report is summed for counters, histograms and summaries (e.g. the
+    decisions of each ingress replica's router for the same engine replica: together, the
+    cluster's); for a gauge the first process's value is kept."""
     merged: dict[str, Metric] = {}
-    seen: set[tuple] = set()
+    index: dict[tuple, int] = {}  # series -> its position in its family's samples
     for families in snapshots:
         for fam in families:
             out = merged.get(fam.name)
@@ -248,9 +254,12 @@ def merge(snapshots: Iterable[list[Metric]]) -> list[Metric]:
                 continue  # a process running other code: keep the first definition
             for s in fam.samples:
                 key = (s.name, tuple(sorted(s.labels.items())))
-                if key not in seen:
-                    seen.add(key)
+                at = index.get(key)
+                if at is None:
+                    index[key] = len(out.samples)
                     out.samples.append(s)
+                elif out.type in ADDITIVE_TYPES and not s.name.endswith("_created"):
+                    out.samples[at] = out.samples[at]._replace(value=out.samples[at].value + s.value)
     return [merged[name] for name in sorted(merged)]
 
 

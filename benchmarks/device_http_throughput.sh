@@ -14,7 +14,8 @@
 #        IN_LEN (512), OUT_LEN (128), SKIP_OFFLINE / SKIP_HTTP (1 to skip a half), PORT (8000),
 #        ADDRESS (auto: `ray start` here first; local: each server its own Ray),
 #        ENGINE_PROCESS ("": the app's default; "off on": an HTTP run per setting, each the engine
-#        on a thread of the replica / in an engine process, files and summary keys tagged _ep0/_ep1)
+#        on a thread of the replica / in an engine process, files and summary keys tagged _ep0/_ep1),
+#        INGRESS ("": the app's default; e.g. "1 4": an HTTP run per count of ingress replicas, tagged _in1/_in4)
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -69,8 +70,10 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
     || log "ray start failed"; }
   for s in $SEQS; do
   for ep in ${ENGINE_PROCESS:-default}; do
+  for ing in ${INGRESS:-default}; do
     case "$ep" in on) EP_FLAG="--engine-process"; TAG="_ep1";; off) EP_FLAG="--no-engine-process"; TAG="_ep0";;
                   *) EP_FLAG=""; TAG="";; esac
+    [ "$ing" != "default" ] && { EP_FLAG="$EP_FLAG --ingress-replicas $ing"; TAG="${TAG}_in$ing"; }
     log "== HTTP, max_num_seqs $s ${EP_FLAG}"
     SERVE="python3 benchmarks/serve_app_args.py '$APP_ARGS' $MODEL_FLAGS --dtype $DTYPE --device $DEVICE --max-num-seqs $s \
       --served-model-name bench --port $PORT --address $ADDRESS $EP_FLAG"
@@ -87,16 +90,22 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
     wait_gpu_free
   done
   done
+  done
   [ "$ADDRESS" = "auto" ] && ray_cli stop --force >/dev/null 2>&1
 fi
 
 python3 - "$OUT" $SEQS <<'EOF' 2>&1 | tee -a "$LOG"
-import json, os, sys
+import glob, json, os, sys
 out, seqs = sys.argv[1], sys.argv[2:]
 summary = {}
-runs = [(s, tag) for s in seqs for tag in ("", "_ep0", "_ep1")
-        if os.path.exists(os.path.join(out, f"http_seqs{s}{tag}.json")) or
-        (tag == "" and os.path.exists(os.path.join(out, f"offline_seqs{s}.json")))]
+runs = []
+for s in seqs:
+    tags = sorted(os.path.basename(p)[len(f"http_seqs{s}"):-len(".json")]
+                  for p in glob.glob(os.path.join(out, f"http_seqs{s}*.json")))
+    tags = [t for t in tags if t == "" or t.startswith("_")]  # not another setting's (seqs 64 vs 640)
+    if "" not in tags and os.path.exists(os.path.join(out, f"offline_seqs{s}.json")):
+        tags.insert(0, "")
+    runs += [(s, tag) for tag in tags]
 for s, tag in runs:
     row = {}
     for kind in ("offline", "http"):

@@ -6,7 +6,11 @@ proxy sends one HTTP chunk per ASGI body message), and the CPU seconds each Serv
 spent per 1,000 tokens. Shows how far the serving path, not the engine, caps streaming.
 
     python benchmarks/http_stream_coalesce.py --streams 128 --tokens 64 --step-ms 10 [--stream-interval 1]
-        [--json OUT.json]
+        [--prompt-len 512] [--ingress-replicas 2] [--json OUT.json]
+
+Each run also gives how long a stream took from the client's send to the engine
+(`send_to_engine_*`: the fake engine notes each arrival in a file) and when the last of a
+burst arrived: the serving path's cost of taking a burst in.
 
 Starts its own local Ray (`--num-cpus`, default all), on loopback; stops it at the end.
 """
@@ -22,6 +26,7 @@ import threading
 import time
 
 STEP_S = 0.01
+ARRIVALS_PATH = os.environ.get("HS_ARRIVALS_PATH", "")  # set by main(); read in the replica
 
 
 class TimerEngine:
@@ -60,6 +65,9 @@ class TimerEngine:
         return self.info
 
     async def generate(self, prompt_token_ids, params, request_id, validated=False):
+        if ARRIVALS_PATH:  # the stream's index (its prompt's first id - 10) and when it got here
+            with open(ARRIVALS_PATH, "a") as f:
+                f.write(f"{prompt_token_ids[0] - 10} {time.time()}\n")
         queue: asyncio.Queue = asyncio.Queue()
         with self.lock:
             self.groups[request_id] = [asyncio.get_running_loop(), queue, 0, params.max_tokens, len(prompt_token_ids)]
@@ -105,14 +113,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve_pids() -> dict[str, int]:
+def _serve_pids() -> dict[str, list[int]]:
+    """The processes of Serve's proxy, the ingress replicas and the engine replicas."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    pids = {}
+    pids: dict[str, list[int]] = {}
     for line in out.splitlines()[1:]:
         pid, _, args = line.strip().partition(" ")
         for key, pattern in (("proxy", "ProxyActor"), ("ingress", "OpenAIIngress"), ("replica", "LLMServer")):
-            if pattern in args and key not in pids:
-                pids[key] = int(pid)
+            if pattern in args:
+                pids.setdefault(key, []).append(int(pid))
     return pids
 
 
@@ -134,7 +143,7 @@ async def one_stream(session, url: str, prompt: list[int], tokens: int) -> dict:
     body = {"model": "demo", "prompt": prompt, "max_tokens": tokens, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    rec = {"events": 0, "http_chunks": 0, "tokens": 0, "ttft_s": None, "done": False, "error": None}
+    rec = {"sent_at": time.time(), "index": prompt[0] - 10, "events": 0, "http_chunks": 0, "tokens": 0, "ttft_s": None, "done": False, "error": None}
     buf = b""
     async with session.post(url, json=body) as resp:
         if resp.status != 200:
@@ -158,13 +167,16 @@ async def one_stream(session, url: str, prompt: list[int], tokens: int) -> dict:
     return rec
 
 
-async def run_load(base: str, streams: int, tokens: int) -> dict:
+async def run_load(base: str, streams: int, tokens: int, prompt_len: int = 3) -> dict:
     import aiohttp
+
+    if ARRIVALS_PATH and os.path.exists(ARRIVALS_PATH):
+        os.remove(ARRIVALS_PATH)
 
     conn = aiohttp.TCPConnector(limit=streams + 4)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = time.perf_counter()
-        recs = await asyncio.gather(*(one_stream(session, f"{base}/v1/completions", [10 + i, 11, 12], tokens)
+        recs = await asyncio.gather(*(one_stream(session, f"{base}/v1/completions", [10 + i] + [11] * (prompt_len - 1), tokens)
                                        for i in range(streams)))
         wall = time.perf_counter() - start
     ok = [r for r in recs if r["error"] is None and r["done"] and r["tokens"] == tokens]
@@ -174,7 +186,26 @@ async def run_load(base: str, streams: int, tokens: int) -> dict:
             "output_tok_s": round(out_tokens / wall, 1),
             "events_per_stream": round(sum(r["events"] for r in ok) / max(1, len(ok)), 2),
             "http_chunks_per_stream": round(sum(r["http_chunks"] for r in ok) / max(1, len(ok)), 2),
-            "ttft_median_ms": round(1e3 * ttfts[len(ttfts) // 2], 1) if ttfts else None}
+            "ttft_median_ms": round(1e3 * ttfts[len(ttfts) // 2], 1) if ttfts else None,
+            **_arrival_stats(recs)}
+
+
+def _arrival_stats(recs: list[dict]) -> dict:
+    """From the client's send to the engine's generate(), per stream (the fake engine writes
+    when each stream reached it): median, p99, and the last arrival after the first send."""
+    if not ARRIVALS_PATH or not os.path.exists(ARRIVALS_PATH):
+        return {}
+    arrived = {}
+    for line in open(ARRIVALS_PATH):
+        index, at = line.split()
+        arrived[int(index)] = float(at)
+    lat = sorted(arrived[r["index"]] - r["sent_at"] for r in recs if r["index"] in arrived)
+    if not lat:
+        return {}
+    first_sent = min(r["sent_at"] for r in recs)
+    return {"arrived": len(lat), "send_to_engine_median_ms": round(1e3 * lat[len(lat) // 2], 1),
+            "send_to_engine_p99_ms": round(1e3 * lat[int(0.99 * (len(lat) - 1))], 1),
+            "last_arrival_after_first_send_ms": round(1e3 * (max(arrived.values()) - first_sent), 1)}
 
 
 def main() -> int:
@@ -187,6 +218,8 @@ def main() -> int:
     p.add_argument("--stream-interval", type=int, default=None, help="the app's stream_interval (default: unset)")
     p.add_argument("--stream-max-messages-per-s", type=float, default=None,
                    help="the app's stream_max_messages_per_s (default: unset; 0: a message per token)")
+    p.add_argument("--ingress-replicas", type=int, default=1, help="the app's ingress_replicas")
+    p.add_argument("--prompt-len", type=int, default=3, help="token ids in each prompt")
     p.add_argument("--repeat", type=int, default=2, help="runs after one warm-up stream")
     p.add_argument("--num-cpus", type=int, default=None)
     p.add_argument("--json", default=None)
@@ -200,12 +233,15 @@ def main() -> int:
 
     seqs = args.max_num_seqs or args.streams
     app_args = {"max_waiting_requests": args.streams, "max_waiting_tokens": 1 << 24, "num_cpus_per_replica": 0,
-                "engine_args": {"max_num_seqs": seqs}}
+                "engine_args": {"max_num_seqs": seqs}, "ingress_replicas": args.ingress_replicas}
     if args.stream_interval is not None:
         app_args["stream_interval"] = args.stream_interval
     if args.stream_max_messages_per_s is not None:
         app_args["stream_max_messages_per_s"] = args.stream_max_messages_per_s
-    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    global ARRIVALS_PATH
+    ARRIVALS_PATH = f"/tmp/hs_arrivals_{os.getpid()}.txt"
+    ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"HS_ARRIVALS_PATH": ARRIVALS_PATH}})
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -216,17 +252,18 @@ def main() -> int:
         pids = _serve_pids()
         runs = []
         for _ in range(args.repeat):
-            pids["client"] = os.getpid()
-            before = {k: _cpu_s(v) for k, v in pids.items()}
+            pids["client"] = [os.getpid()]
+            before = {k: sum(map(_cpu_s, v)) for k, v in pids.items()}
             idle0 = _idle_s()
-            row = asyncio.run(run_load(base, args.streams, args.tokens))
-            cpu = {k: _cpu_s(v) - before[k] for k, v in pids.items()}
+            row = asyncio.run(run_load(base, args.streams, args.tokens, args.prompt_len))
+            cpu = {k: sum(map(_cpu_s, v)) - before[k] for k, v in pids.items()}
             cpu["machine_idle"] = _idle_s() - idle0
             row["cpu_s_per_1k_tokens"] = {k: round(1e3 * c / max(1, row["output_tokens"]), 3) for k, c in cpu.items()}
             row["cpu_busy"] = {k: round(c / row["wall_s"], 2) for k, c in cpu.items()}
             runs.append(row)
             print(json.dumps(row), flush=True)
-        result = {"step_ms": args.step_ms, "tokens": args.tokens, "max_num_seqs": seqs,
+        result = {"step_ms": args.step_ms, "tokens": args.tokens, "max_num_seqs": seqs, "prompt_len": args.prompt_len,
+                  "ingress_replicas": args.ingress_replicas,
                   "stream_interval": args.stream_interval,
                   "stream_max_messages_per_s": args.stream_max_messages_per_s, "engine_tok_s": round(min(seqs, args.streams) / STEP_S),
                   "single_stream": single, "runs": runs}

@@ -20,6 +20,7 @@ YAML (`serve run deploy/serve.yaml`, or `serve deploy` to a running cluster)::
         args:
           model: null        # the built-in demo model
           replicas: 2
+          ingress_replicas: 1  # HTTP front ends (more spread a burst's arrival over cores)
           engine_args: {max_num_seqs: 32}
 
 `args` are the fields of `AppConfig` (deploy/config.py); unknown keys are rejected.
@@ -84,5 +85,6 @@ def build_app(args: dict[str, Any] | None = None, engine_factory: EngineFactory 
                                **options)
     # the ingress answers 503 itself past max_ingress_requests generation requests in flight;
     # Serve's cap on its calls is above that, so that the proxy never queues ahead of it
-    ingress = OpenAIIngress.options(logging_config=logging, max_ongoing_requests=bounds["ingress_max_ongoing_requests"])
+    ingress = OpenAIIngress.options(logging_config=logging, num_replicas=config.ingress_replicas,
+                                    max_ongoing_requests=bounds["ingress_max_ongoing_requests"])
     return ingress.bind(config, server.bind(config, engine_factory))

@@ -30,6 +30,10 @@ class AppConfig:
     chat_template: str | None = None  # a file or inline Jinja replacing the model's; held as text once built
     tp: int = 1  # tensor-parallel shards per replica
     replicas: int = 1  # engine replicas (data parallel)
+    # OpenAIIngress replicas (HTTP parsing, validation, tokenizing, streaming), as vLLM's
+    # --api-server-count: each costs Ray Serve's per-request work (a call to an engine replica,
+    # its streamed replies) on one event loop; more spread a burst's arrival over more cores.
+    ingress_replicas: int = 1
     device: str = "cpu"  # cpu | cuda
     dtype: str = "auto"
     load_format: str | None = None  # default: "auto" (the demo model ships trained weights)
@@ -76,7 +80,7 @@ class AppConfig:
     engine_process: bool | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tp", "replicas", "max_body_bytes", "stream_interval", *_QUEUE_BOUNDS):
+        for name in ("tp", "replicas", "ingress_replicas", "max_body_bytes", "stream_interval", *_QUEUE_BOUNDS):
             value = getattr(self, name)
             if value is None and name in _QUEUE_BOUNDS:
                 continue
@@ -185,7 +189,8 @@ class AppConfig:
         max_num_batched_tokens (the device's defaults when not set), and the ingress's bound
         derived from them: `max_ingress_requests` generation requests in flight at one ingress
         (max_replicas x max_ongoing_requests + max_queued_requests: all Serve can place or
-        queue; past it 503 before any work), and the ingress deployment's own Serve
+        queue, shared evenly by the `ingress_replicas` (Serve's proxy balances them); past it 503
+        before any work), and the ingress deployment's own Serve
         max_ongoing_requests (twice that + 32, room for the 503s being answered and for
         /health, /metrics, /v1/models: Serve's proxy never queues ahead of the ingress).
 
@@ -200,7 +205,7 @@ class AppConfig:
         waiting = self.max_waiting_requests or max(1, engine.max_num_seqs // 2)
         ongoing = self.max_ongoing_requests or engine.max_num_seqs + waiting
         queued = self.max_queued_requests or max(1, self.max_replicas * waiting // 2)
-        ingress = self.max_replicas * ongoing + queued
+        ingress = -(-(self.max_replicas * ongoing + queued) // self.ingress_replicas)  # each ingress's share
         return {"max_waiting_requests": waiting,
                 "max_waiting_tokens": self.max_waiting_tokens or 8 * engine.max_num_batched_tokens,
                 "max_ongoing_requests": ongoing,

@@ -31,6 +31,9 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, default=1,
                    help="tensor-parallel shards per replica")
     p.add_argument("--replicas", type=int, default=1, help="engine replicas (data parallel)")
+    p.add_argument("--ingress-replicas", "--api-server-count", dest="ingress_replicas", type=int, default=1,
+                   help="HTTP front-end replicas (parsing, tokenizing, streaming; vLLM's --api-server-count): "
+                        "each handles Ray Serve's per-request work on one core, so more take a burst in sooner")
     p.add_argument("--host", default="127.0.0.1", help="HTTP host; 0.0.0.0 exposes the API (set --api-key then)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port")
     p.add_argument("--address", default=None,
@@ -61,7 +64,7 @@ def app_args(args: argparse.Namespace) -> dict:
     """AppConfig's fields (`build_app`'s args) from the parsed flags."""
     out = {"model": args.model, "revision": args.revision, "tokenizer": args.tokenizer,
            "chat_template": args.chat_template, "served_model_name": args.served_model_name, "tp": args.tp,
-           "replicas": args.replicas, "device": args.device, "dtype": args.dtype, "load_format": args.load_format,
+           "replicas": args.replicas, "ingress_replicas": args.ingress_replicas, "device": args.device, "dtype": args.dtype, "load_format": args.load_format,
            "seed": args.seed, "num_cpus_per_replica": args.num_cpus_per_replica,
            "enable_log_requests": args.enable_log_requests, "stream_interval": args.stream_interval,
            "stream_max_messages_per_s": args.stream_max_messages_per_s, "engine_process": args.engine_process,

@@ -48,6 +48,8 @@ SERVE_FLAGS = {
     "device": (["--device", "cuda"], lambda a, e: e.device == "cuda" and a.gpus_per_shard == 1.0
                and e.enable_piecewise_graphs is True and e.prefill_hold_steps == 16),
     "replicas": (["--replicas", "3"], lambda a, e: a.replicas == 3),
+    "ingress-replicas": (["--ingress-replicas", "2"], lambda a, e: a.ingress_replicas == 2),
+    "api-server-count": (["--api-server-count", "3"], lambda a, e: a.ingress_replicas == 3),
     "api-key": (["--api-key", "k"], lambda a, e: a.api_key == "k"),
     "speculative-config": (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
                            lambda a, e: (e.speculative_config.method, e.speculative_config.num_speculative_tokens)
@@ -65,7 +67,7 @@ def test_serve_flag_reaches_the_engine(flag):
 def test_serve_defaults():
     app, engine = _serve()
     assert engine.enable_prefix_caching and engine.enable_cuda_graphs and not engine.trust_remote_code
-    assert not app.enable_log_requests and app.chat_template is None and app.tp == 1
+    assert not app.enable_log_requests and app.chat_template is None and app.tp == 1 and app.ingress_replicas == 1
     assert app.stream_interval == 1 and app.stream_max_messages_per_s == AppConfig().stream_max_messages_per_s
     assert engine.gpu_memory_utilization == 0.85 and engine.load_format == "auto"
     assert engine.device == "cpu" and engine.enable_piecewise_graphs is False  # CUDA's default: on

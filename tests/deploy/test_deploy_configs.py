@@ -229,6 +229,24 @@ def test_build_app_sizes_both_deployments_from_the_queue_bounds():
     assert scaled.max_replicas == 5 and scaled.queue_bounds()["max_ingress_requests"] == 5 * (8 + 4) + 5 * 4 // 2
 
 
+def test_ingress_replicas_share_the_ingress_bound():
+    """`ingress_replicas` runs that many OpenAIIngress replicas; each refuses past its share
+    of what Serve can place or queue (Serve's proxy balances them), and a bad count is named."""
+    from hybrid_serve.deploy.app import build_app
+    from hybrid_serve.deploy.config import AppConfig
+
+    args = {"replicas": 3, "engine_args": {"max_num_seqs": 8}, "max_waiting_requests": 4, "ingress_replicas": 4}
+    bounds = AppConfig.from_args(args).queue_bounds()
+    assert bounds["max_ingress_requests"] == -(-(3 * 12 + 6) // 4) == 11
+    ingress = build_app(args)._bound_deployment
+    assert ingress._deployment_config.num_replicas == 4
+    assert ingress._deployment_config.max_ongoing_requests == 2 * 11 + 32
+    assert build_app({})._bound_deployment._deployment_config.num_replicas == 1
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="ingress_replicas"):
+            AppConfig(ingress_replicas=bad)
+
+
 def test_default_queues_keep_the_wait_within_one_turn_of_the_batch():
     """Defaults: per replica half of max_num_seqs waits at the replica and, for each replica, a
     quarter more at the ingress: an accepted request has fewer than max_num_seqs requests ahead

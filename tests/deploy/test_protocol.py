@@ -646,11 +646,38 @@ def test_metrics_merge_keeps_one_family_per_name():
     a.ttft.observe(0.01)
     b.ttft.observe(0.02)
     snap = metrics.snapshot()
-    text = metrics.render([snap, snap]).decode()  # duplicates collapse
+    text = metrics.render([snap, []]).decode()
     assert text.count("# TYPE hybrid_serve_time_to_first_token_seconds histogram") == 1
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     counts = [s for s in fams["hybrid_serve_time_to_first_token_seconds"].samples if s.name.endswith("_count")]
     assert {s.labels["replica"] for s in counts} >= {"ra", "rb"}
+
+
+def test_metrics_merge_sums_a_series_several_ingresses_report():
+    """Two ingress replicas each route to the same engine replica: the decisions and their
+    histograms add up (the first process's copy alone undercounted); a gauge keeps one value."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.parser import text_string_to_metric_families
+
+    snaps = []
+    for decisions, blocks in ((3, 10), (4, 99)):
+        reg = CollectorRegistry()
+        c = Counter("hybrid_serve_router_decisions", "d", ("replica",), registry=reg)
+        g = Gauge("hybrid_serve_router_index_blocks", "b", ("replica",), registry=reg)
+        h = Histogram("hybrid_serve_router_decision_seconds", "t", ("replica",), buckets=(0.001, 0.01), registry=reg)
+        c.labels("engine-1").inc(decisions)
+        g.labels("engine-1").set(blocks)
+        for _ in range(decisions):
+            h.labels("engine-1").observe(0.005)
+        snaps.append(metrics.snapshot(reg))
+    fams = {f.name: f for f in text_string_to_metric_families(metrics.render(snaps).decode())}
+    values = {(s.name, s.labels.get("le")): s.value for f in fams.values() for s in f.samples}
+    assert values[("hybrid_serve_router_decisions_total", None)] == 7
+    assert values[("hybrid_serve_router_index_blocks", None)] == 10
+    assert values[("hybrid_serve_router_decision_seconds_count", None)] == 7
+    assert values[("hybrid_serve_router_decision_seconds_bucket", "0.01")] == 7
+    assert values[("hybrid_serve_router_decision_seconds_bucket", "0.001")] == 0
+    assert abs(values[("hybrid_serve_router_decision_seconds_sum", None)] - 0.035) < 1e-9
 
 
 def test_finished_requests_feed_the_suffix_index(tokenizer):

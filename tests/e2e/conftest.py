@@ -1,6 +1,7 @@
 """One local Ray + Serve app for all e2e tests (session scope), on loopback and a free port.
 
-The app: the built-in demo model, 2 engine replicas (so per-replica metrics are real), each
+The app: the built-in demo model, 2 ingress replicas (each routing on its own; the metrics
+must add their counts) and 2 engine replicas (so per-replica metrics are real), each
 with its engine in an engine process (the default on CUDA; the apps of test_replica_failure,
 test_prefix_router and test_prometheus keep the CPU default, the engine on a thread of the
 replica), an API key, a small cache and context (so bad input stays cheap). Ray is shut down
@@ -17,6 +18,7 @@ API_KEY = "e2e-secret"
 MAX_MODEL_LEN = 256
 APP_ARGS = {
     "replicas": 2,
+    "ingress_replicas": 2,
     "num_cpus_per_replica": 0.5,
     "torch_num_threads": 1,
     "engine_process": True,
@@ -33,6 +35,7 @@ class Served:
     api_key: str
     model: str
     max_model_len: int
+    ingress_replicas: int = APP_ARGS["ingress_replicas"]
 
     @property
     def headers(self) -> dict[str, str]:

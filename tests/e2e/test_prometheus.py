@@ -83,6 +83,40 @@ def test_exposition_covers_every_replica(served):
         assert replicas <= families[name], name
 
 
+def _generation_counts(text: str) -> tuple[float, dict[str, float]]:
+    """(router decisions over all engine replicas, HTTP 200s of generation routes by ingress replica)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    decisions, ok = 0.0, {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "hybrid_serve_router_decisions_total":
+                decisions += s.value
+            elif (s.name == "hybrid_serve_http_requests_total" and s.labels["status_code"] == "200"
+                  and s.labels["route"] != "/v1/models"):
+                ok[s.labels["replica"]] = ok.get(s.labels["replica"], 0.0) + s.value
+    return decisions, ok
+
+
+def test_every_ingress_replica_is_counted(served):
+    """The app runs 2 ingress replicas, each routing with its own router: every request is one
+    decision in the exposition (the series both report for an engine replica are summed, not
+    one of them dropped) and each ingress's HTTP answers are there under its own name."""
+    assert served.ingress_replicas == 2
+    before_decisions, before_ok = _generation_counts(httpx.get(f"{served.base_url}/metrics").text)
+    sent = 0
+    for _ in range(4):
+        _drive_load(served, rounds=1)
+        sent += 18
+        time.sleep(1.0)  # every process has pushed what it counted
+        decisions, ok = _generation_counts(httpx.get(f"{served.base_url}/metrics").text)
+        per_ingress = {r: n - before_ok.get(r, 0.0) for r, n in ok.items()}
+        if sum(1 for n in per_ingress.values() if n > 0) == 2:
+            break
+    assert sum(1 for n in per_ingress.values() if n > 0) == 2, per_ingress  # the proxy used both
+    assert decisions - before_decisions == sum(per_ingress.values()) >= sent
+
+
 @NEEDS_PROMETHEUS
 def test_promtool_check_metrics(served):
     text = httpx.get(f"{served.base_url}/metrics").text
