@@ -189,8 +189,10 @@ class AppConfig:
         max_num_batched_tokens (the device's defaults when not set), and the ingress's bound
         derived from them: `max_ingress_requests` generation requests in flight at one ingress
         (max_replicas x max_ongoing_requests + max_queued_requests: all Serve can place or
-        queue, shared evenly by the `ingress_replicas` (Serve's proxy balances them); past it 503
-        before any work), and the ingress deployment's own Serve
+        queue; with several `ingress_replicas` each takes up to twice its even share of it, as
+        Serve's proxy does not split a burst evenly: 8 ingresses with even shares refused 8 of
+        a 256-request burst that the replicas had room for; past it 503 before any work), and
+        the ingress deployment's own Serve
         max_ongoing_requests (twice that + 32, room for the 503s being answered and for
         /health, /metrics, /v1/models: Serve's proxy never queues ahead of the ingress).
 
@@ -205,7 +207,8 @@ class AppConfig:
         waiting = self.max_waiting_requests or max(1, engine.max_num_seqs // 2)
         ongoing = self.max_ongoing_requests or engine.max_num_seqs + waiting
         queued = self.max_queued_requests or max(1, self.max_replicas * waiting // 2)
-        ingress = -(-(self.max_replicas * ongoing + queued) // self.ingress_replicas)  # each ingress's share
+        total = self.max_replicas * ongoing + queued
+        ingress = min(total, -(-2 * total // self.ingress_replicas))  # each ingress's share, with headroom
         return {"max_waiting_requests": waiting,
                 "max_waiting_tokens": self.max_waiting_tokens or 8 * engine.max_num_batched_tokens,
                 "max_ongoing_requests": ongoing,

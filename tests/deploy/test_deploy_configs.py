@@ -230,17 +230,19 @@ def test_build_app_sizes_both_deployments_from_the_queue_bounds():
 
 
 def test_ingress_replicas_share_the_ingress_bound():
-    """`ingress_replicas` runs that many OpenAIIngress replicas; each refuses past its share
-    of what Serve can place or queue (Serve's proxy balances them), and a bad count is named."""
+    """`ingress_replicas` runs that many OpenAIIngress replicas; each refuses past twice its
+    even share of what Serve can place or queue (Serve's proxy does not split a burst evenly),
+    never past the whole; a bad count is named."""
     from hybrid_serve.deploy.app import build_app
     from hybrid_serve.deploy.config import AppConfig
 
     args = {"replicas": 3, "engine_args": {"max_num_seqs": 8}, "max_waiting_requests": 4, "ingress_replicas": 4}
     bounds = AppConfig.from_args(args).queue_bounds()
-    assert bounds["max_ingress_requests"] == -(-(3 * 12 + 6) // 4) == 11
+    assert bounds["max_ingress_requests"] == -(-2 * (3 * 12 + 6) // 4) == 21
     ingress = build_app(args)._bound_deployment
     assert ingress._deployment_config.num_replicas == 4
-    assert ingress._deployment_config.max_ongoing_requests == 2 * 11 + 32
+    assert ingress._deployment_config.max_ongoing_requests == 2 * 21 + 32
+    assert AppConfig.from_args({**args, "ingress_replicas": 2}).queue_bounds()["max_ingress_requests"] == 42
     assert build_app({})._bound_deployment._deployment_config.num_replicas == 1
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="ingress_replicas"):
