@@ -7,8 +7,9 @@ Each row checks its output against the first variant of its table first.
 
 `variants`: the choices the kernels keep as module-level switches, at each family's 8k shapes:
 the conv's tiled kernel against its scan kernel (`conv_variants`), and the chunked state
-kernel's value block and pipelining stages, GDN and Mamba2 SSD (`state_variants`); each
-against the copy floor / the first variant in the same run.
+kernel's value block and pipelining stages, GDN and Mamba2 SSD, and SSD's state split in two
+kernels with their tiles (`state_variants`); each against the copy floor / the first variant
+in the same run.
 """
 from __future__ import annotations
 
@@ -198,6 +199,8 @@ def state_variants(T=8192) -> list[dict]:
                                             out_dtype=torch.float32), ssd_pool),
     }
     defaults = (list(triton_chunk.STATE_BLOCK_V), list(triton_chunk.STATE_STAGES))
+    split = triton_chunk.SSD_SPLIT_STATE
+    triton_chunk.SSD_SPLIT_STATE = False  # these rows: the one sequential state kernel
     for name, (i, call, pool0) in calls.items():
         want = None
         for bv in (32, 16, 64):
@@ -212,6 +215,32 @@ def state_variants(T=8192) -> list[dict]:
                 rows.append({"table": "state", "kernel": name, "block_v": bv, "stages": stages, "ms": ms, "err": err})
                 print(f"  {name} state block_v {bv:2d} stages {stages}  {ms:7.3f} ms  err {err:.1e}", flush=True)
         triton_chunk.STATE_BLOCK_V[:], triton_chunk.STATE_STAGES[:] = defaults
+    triton_chunk.SSD_SPLIT_STATE = split
+    # SSD with its state split in two kernels (local states in parallel, then the scan):
+    # the scan's tile and stages, the local-state kernel's value block; against the one
+    # state kernel's best (the first SSD row above is the reference for the error)
+    saved = (triton_chunk.SSD_SPLIT_STATE, triton_chunk.PASS_BLOCK_K, triton_chunk.PASS_BLOCK_V,
+             triton_chunk.PASS_STAGES, triton_chunk.LOCAL_BLOCK_V)
+    _, call, pool0 = calls["ssd"]
+    triton_chunk.SSD_SPLIT_STATE = False
+    ref_pool = pool0.clone()
+    want = (call(ref_pool), ref_pool)
+    triton_chunk.SSD_SPLIT_STATE = True
+    configs = [(64, bk, bv, st) for bk, bv in ((32, 64), (16, 64), (64, 64), (32, 32), (128, 32))
+               for st in (1, 2, 3)] + [(32, 32, 64, 2)]
+    for local_v, block_k, block_v, stages in configs:
+        triton_chunk.LOCAL_BLOCK_V = local_v
+        triton_chunk.PASS_BLOCK_K, triton_chunk.PASS_BLOCK_V, triton_chunk.PASS_STAGES = block_k, block_v, stages
+        pool = pool0.clone()
+        out = call(pool)
+        ms = cuda_ms(lambda: call(pool), reps=20)
+        err = max(rel(out, want[0]), rel(pool, want[1]))
+        rows.append({"table": "state", "kernel": "ssd_split", "local_block_v": local_v, "pass_block_k": block_k,
+                     "pass_block_v": block_v, "stages": stages, "ms": ms, "err": err})
+        print(f"  ssd split local_v {local_v:2d} pass {block_k:3d}x{block_v:2d} stages {stages}  {ms:7.3f} ms  "
+              f"err {err:.1e}", flush=True)
+    (triton_chunk.SSD_SPLIT_STATE, triton_chunk.PASS_BLOCK_K, triton_chunk.PASS_BLOCK_V,
+     triton_chunk.PASS_STAGES, triton_chunk.LOCAL_BLOCK_V) = saved
     return rows
 
 

@@ -11,6 +11,8 @@ Variants (kernels/causal_conv1d/triton_conv.py, kernels/gated_delta/triton_chunk
   default   whatever the code's defaults are
   scanNxD   the conv's scan kernel, tiles of N tokens and D channels (2 warps), state as default
   ssdbv32   the defaults with the SSD state kernel's value block at 32
+  ssdone    the plain (SSD) recurrence's state in one sequential kernel (SSD_SPLIT_STATE off)
+  passKxVsS the split SSD state, its state-pass kernel on K x V tiles with S pipelining stages
 The first round of each variant compiles and is dropped; TTFT is LLM.generate(max_tokens=1).
 """
 from __future__ import annotations
@@ -36,6 +38,8 @@ def apply(name: str, defaults: dict) -> None:
     triton_conv.PREFILL_SCAN[0] = defaults["scan"]
     triton_chunk.STATE_BLOCK_V[:] = defaults["block_v"]
     triton_chunk.STATE_STAGES[:] = defaults["stages"]
+    triton_chunk.SSD_SPLIT_STATE = defaults["split"]
+    (triton_chunk.PASS_BLOCK_K, triton_chunk.PASS_BLOCK_V, triton_chunk.PASS_STAGES) = defaults["pass"]
     if name == "old":
         triton_conv.PREFILL_SCAN[0] = None
         triton_chunk.STATE_BLOCK_V[:], triton_chunk.STATE_STAGES[:] = [32, 32], [1, 1]
@@ -44,6 +48,13 @@ def apply(name: str, defaults: dict) -> None:
         triton_conv.PREFILL_SCAN[0] = (tile, block_d, 2, 1)
     elif name == "ssdbv32":
         triton_chunk.STATE_BLOCK_V[1] = 32
+    elif name == "ssdone":
+        triton_chunk.SSD_SPLIT_STATE = False
+    elif name.startswith("pass"):
+        tile, stages = name[4:].split("s")
+        block_k, block_v = (int(x) for x in tile.split("x"))
+        triton_chunk.SSD_SPLIT_STATE = True
+        triton_chunk.PASS_BLOCK_K, triton_chunk.PASS_BLOCK_V, triton_chunk.PASS_STAGES = block_k, block_v, int(stages)
     elif name != "default":
         raise ValueError(f"unknown variant {name!r}")
 
@@ -61,7 +72,9 @@ def main() -> None:
     from hybrid_serve.kernels.gated_delta import triton_chunk
 
     defaults = {"scan": triton_conv.PREFILL_SCAN[0],
-                "block_v": list(triton_chunk.STATE_BLOCK_V), "stages": list(triton_chunk.STATE_STAGES)}
+                "block_v": list(triton_chunk.STATE_BLOCK_V), "stages": list(triton_chunk.STATE_STAGES),
+                "split": triton_chunk.SSD_SPLIT_STATE,
+                "pass": (triton_chunk.PASS_BLOCK_K, triton_chunk.PASS_BLOCK_V, triton_chunk.PASS_STAGES)}
     lengths = [int(x) for x in args.lengths.split(",")]
     variants = args.variants.split(",")
     times: dict = {n: {v: [] for v in variants} for n in lengths}

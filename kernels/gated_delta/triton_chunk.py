@@ -20,7 +20,12 @@ exp(G_t - G_j)), with S0 the state at the chunk start::
 
 Three launches: prepare (w, u; delta only), state (sequential over a row's chunks: the
 chunk-start states, checkpoint writes, the final state into the pool), output (all chunks
-in parallel). Dots run in the inputs' dtype (bf16 on tensor cores, fp32 as "ieee").
+in parallel). Without the delta rule a chunk's own contribution (k exp(G_last - G))^T v does
+not depend on S0, so the plain recurrence splits the state kernel in two (SSD_SPLIT_STATE):
+the chunks' local states L_c and decays G_last in parallel (local-state kernel), then a scan
+over each row's chunks that only scales and adds [K, V] tiles, S <- exp(G_last) S + L_c
+(state-pass kernel); the sequential part then does no dots and reads nothing indirect.
+Dots run in the inputs' dtype (bf16 on tensor cores, fp32 as "ieee").
 """
 from __future__ import annotations
 
@@ -39,6 +44,12 @@ CHUNK = 64  # tokens per chunk (BT): 4 sub-chunks of 16 in the prepare kernel
 # lists so that benchmarks/prefill_kernels_tune.py can time the choices
 STATE_BLOCK_V = [32, 16]
 STATE_STAGES = [2, 1]
+# The plain recurrence's state in two kernels (module docstring); False: the one state
+# kernel. The state-pass kernel's [K, V] tile and pipelining stages, and the local-state
+# kernel's value block: module-level so the tuning benchmark can time the choices.
+SSD_SPLIT_STATE = True
+PASS_BLOCK_K, PASS_BLOCK_V, PASS_STAGES = 16, 64, 2
+LOCAL_BLOCK_V = 64
 
 
 @triton.jit
@@ -237,6 +248,70 @@ def _chunk_state_kernel(
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["chunk_start_ptr", "chunk_len_ptr"])
+def _chunk_local_state_kernel(
+    k_ptr, v_ptr, g_ptr, local_ptr, decay_ptr, chunk_start_ptr, chunk_len_ptr,
+    stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t, stride_l_c, stride_l_h, stride_l_k, stride_d_c,
+    HEADS_PER_K: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Plain recurrence, one chunk: its local state L = (k exp(G_last - G))^T v [K, V] (fp32,
+    the state the chunk leaves from a zero start) and its decay G_last."""
+    c, hv, pid_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    h = hv // HEADS_PER_K
+    t0 = tl.load(chunk_start_ptr + c).to(tl.int64)
+    n = tl.load(chunk_len_ptr + c)
+    offs_t = tl.arange(0, BT)
+    offs_k = tl.arange(0, BK)
+    offs_v = pid_v * BV + tl.arange(0, BV)
+    mask_t, mask_k, mask_v = offs_t < n, offs_k < K, offs_v < V
+    G, G_last = _cumsum_chunk(g_ptr, stride_g_t, t0, n, hv, BT)
+    dot_dtype = k_ptr.dtype.element_ty
+    kk = tl.load(k_ptr + (t0 + offs_t)[:, None] * stride_k_t + h * stride_k_h + offs_k[None, :],
+                 mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + (t0 + offs_t)[:, None] * stride_v_t + hv * stride_v_h + offs_v[None, :],
+                 mask=mask_t[:, None] & mask_v[None, :], other=0.0)
+    kd = tl.where(mask_t[:, None], kk * tl.exp(G_last - G)[:, None], 0.0)
+    L = tl.dot(tl.trans(kd.to(dot_dtype)), vv.to(dot_dtype), input_precision=DOT_PRECISION)  # [BK, BV]
+    tl.store(local_ptr + c * stride_l_c + hv * stride_l_h + offs_k[:, None] * stride_l_k + offs_v[None, :], L,
+             mask=mask_k[:, None] & mask_v[None, :])
+    tl.store(decay_ptr + c * stride_d_c + hv, G_last, mask=pid_v == 0)
+
+
+# per-step metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["slots_ptr", "row_chunks_ptr", "chunk_ckpt_ptr"])
+def _state_pass_kernel(
+    local_ptr, decay_ptr, h_ptr, states_ptr, slots_ptr, row_chunks_ptr, chunk_ckpt_ptr, num_slots,
+    stride_l_c, stride_l_h, stride_l_k, stride_d_c, stride_h_c, stride_h_h, stride_h_k,
+    stride_s_n, stride_s_h, stride_s_k, stride_s_v,
+    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, NUM_V_BLOCKS: tl.constexpr,
+    STAGES: tl.constexpr,
+):
+    """Plain recurrence, one [BK, BV] tile of one head's state along one row's chunks: each
+    chunk-start state into h (and its checkpoint slot), then S <- exp(G_last) S + L_c; the
+    final state into the row's slot (a negative slot: start from zeros, write nothing)."""
+    pid, hv, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_k = (pid // NUM_V_BLOCKS) * BK + tl.arange(0, BK)
+    offs_v = (pid % NUM_V_BLOCKS) * BV + tl.arange(0, BV)
+    mask_kv = (offs_k < K)[:, None] & (offs_v < V)[None, :]
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    has_state = (slot >= 0) & (slot < num_slots)
+    s_off = hv * stride_s_h + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v
+    S = tl.load(states_ptr + slot * stride_s_n + s_off, mask=mask_kv & has_state, other=0.0).to(tl.float32)
+    tile = hv * stride_l_h + offs_k[:, None] * stride_l_k + offs_v[None, :]
+    h_tile = hv * stride_h_h + offs_k[:, None] * stride_h_k + offs_v[None, :]
+    for c in tl.range(tl.load(row_chunks_ptr + b), tl.load(row_chunks_ptr + b + 1), num_stages=STAGES):
+        L = tl.load(local_ptr + c * stride_l_c + tile, mask=mask_kv, other=0.0)
+        decay = tl.exp(tl.load(decay_ptr + c * stride_d_c + hv))
+        ckpt = tl.load(chunk_ckpt_ptr + c).to(tl.int64)
+        tl.store(states_ptr + ckpt * stride_s_n + s_off, S.to(states_ptr.dtype.element_ty),
+                 mask=mask_kv & (ckpt >= 0) & (ckpt < num_slots))  # the state at this chunk's start
+        tl.store(h_ptr + c * stride_h_c + h_tile, S.to(h_ptr.dtype.element_ty), mask=mask_kv)
+        S = S * decay + L
+    tl.store(states_ptr + slot * stride_s_n + s_off, S.to(states_ptr.dtype.element_ty), mask=mask_kv & has_state)
+
+
+# per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
+@triton.jit(do_not_specialize=["chunk_start_ptr", "chunk_len_ptr"])
 def _chunk_output_kernel(
     q_ptr, k_ptr, g_ptr, vnew_ptr, h_ptr, o_ptr, chunk_start_ptr, chunk_len_ptr, scale,
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_g_t, stride_n_t, stride_n_h,
@@ -322,6 +397,23 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
             w.stride(0), w.stride(1), vnew.stride(0), vnew.stride(1),
             BK=bk, BV=bv, num_warps=4, **common)
     h = torch.empty((nc, num_v_heads, dk, dv), dtype=dtype, device=q.device)  # chunk-start states
+    if not delta and SSD_SPLIT_STATE:
+        _plain_chunk_states(k, v, g, h, states, state_slots, chunks, state_kv, bk, bv, common)
+    else:
+        _chunk_states(k, v, g, w, vnew, h, states, state_slots, chunks, state_kv, bk, bv, delta, common)
+    bv_out = min(bv, 64)
+    _chunk_output_kernel[(nc, num_v_heads, triton.cdiv(dv, bv_out))](
+        q, k, g, vnew, h, o, chunks.chunk_start, chunks.chunk_len, float(scale),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), vnew.stride(0), vnew.stride(1),
+        h.stride(0), h.stride(1), h.stride(2), o.stride(0), o.stride(1),
+        BK=bk, BV=bv_out, num_warps=4, **common)
+    return o
+
+
+def _chunk_states(k, v, g, w, vnew, h, states, state_slots, chunks: ChunkTable, state_kv, bk, bv, delta, common):
+    """The chunk-start states into h (and checkpoint slots), the final states into the pool:
+    one kernel, sequential over each row's chunks (the delta rule needs S0 for v')."""
+    num_v_heads, dv, batch = v.shape[1], v.shape[2], state_slots.shape[0]
     # more programs: the state kernel is sequential over a row's chunks
     bv_state = min(bv, STATE_BLOCK_V[0 if delta else 1])
     _chunk_state_kernel[(triton.cdiv(dv, bv_state), num_v_heads, batch)](
@@ -331,13 +423,27 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
         vnew.stride(0), vnew.stride(1), h.stride(0), h.stride(1), h.stride(2),
         states.stride(0), states.stride(1), state_kv[0], state_kv[1],
         BK=bk, BV=bv_state, DELTA=delta, STAGES=STATE_STAGES[0 if delta else 1], num_warps=4, **common)
-    bv_out = min(bv, 64)
-    _chunk_output_kernel[(nc, num_v_heads, triton.cdiv(dv, bv_out))](
-        q, k, g, vnew, h, o, chunks.chunk_start, chunks.chunk_len, float(scale),
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), vnew.stride(0), vnew.stride(1),
-        h.stride(0), h.stride(1), h.stride(2), o.stride(0), o.stride(1),
-        BK=bk, BV=bv_out, num_warps=4, **common)
-    return o
+
+
+def _plain_chunk_states(k, v, g, h, states, state_slots, chunks: ChunkTable, state_kv, bk, bv, common):
+    """The same for the plain recurrence in two kernels: every chunk's local state and decay
+    in parallel, then the scan over each row's chunks (module docstring)."""
+    nc, num_v_heads, dk, dv = h.shape
+    batch = state_slots.shape[0]
+    local = torch.empty((nc, num_v_heads, dk, dv), dtype=torch.float32, device=k.device)
+    decay = torch.empty((nc, num_v_heads), dtype=torch.float32, device=k.device)
+    bv_local = min(bv, LOCAL_BLOCK_V)
+    _chunk_local_state_kernel[(nc, num_v_heads, triton.cdiv(dv, bv_local))](
+        k, v, g, local, decay, chunks.chunk_start, chunks.chunk_len,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), local.stride(0), local.stride(1),
+        local.stride(2), decay.stride(0), BK=bk, BV=bv_local, num_warps=4, **common)
+    bk_pass, bv_pass = min(bk, PASS_BLOCK_K), min(bv, PASS_BLOCK_V)
+    num_v_blocks = triton.cdiv(dv, bv_pass)
+    _state_pass_kernel[(triton.cdiv(dk, bk_pass) * num_v_blocks, num_v_heads, batch)](
+        local, decay, h, states, state_slots, chunks.row_chunks, chunks.chunk_ckpt_slot, states.shape[0],
+        local.stride(0), local.stride(1), local.stride(2), decay.stride(0), h.stride(0), h.stride(1), h.stride(2),
+        states.stride(0), states.stride(1), state_kv[0], state_kv[1],
+        K=dk, V=dv, BK=bk_pass, BV=bv_pass, NUM_V_BLOCKS=num_v_blocks, STAGES=PASS_STAGES, num_warps=4)
 
 
 def gated_delta_rule_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
