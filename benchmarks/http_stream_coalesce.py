@@ -143,7 +143,8 @@ async def one_stream(session, url: str, prompt: list[int], tokens: int) -> dict:
     body = {"model": "demo", "prompt": prompt, "max_tokens": tokens, "stream": True, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    rec = {"sent_at": time.time(), "index": prompt[0] - 10, "events": 0, "http_chunks": 0, "tokens": 0, "ttft_s": None, "done": False, "error": None}
+    rec = {"sent_at": time.time(), "index": prompt[0] - 10,  # the fake engine's arrival file names it so
+           "events": 0, "http_chunks": 0, "tokens": 0, "ttft_s": None, "done": False, "error": None}
     buf = b""
     async with session.post(url, json=body) as resp:
         if resp.status != 200:
@@ -176,7 +177,8 @@ async def run_load(base: str, streams: int, tokens: int, prompt_len: int = 3) ->
     conn = aiohttp.TCPConnector(limit=streams + 4)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as session:
         start = time.perf_counter()
-        recs = await asyncio.gather(*(one_stream(session, f"{base}/v1/completions", [10 + i] + [11] * (prompt_len - 1), tokens)
+        recs = await asyncio.gather(*(one_stream(session, f"{base}/v1/completions",
+                                                 [10 + i] + [11] * (prompt_len - 1), tokens)
                                        for i in range(streams)))
         wall = time.perf_counter() - start
     ok = [r for r in recs if r["error"] is None and r["done"] and r["tokens"] == tokens]

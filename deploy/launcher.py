@@ -64,7 +64,8 @@ def app_args(args: argparse.Namespace) -> dict:
     """AppConfig's fields (`build_app`'s args) from the parsed flags."""
     out = {"model": args.model, "revision": args.revision, "tokenizer": args.tokenizer,
            "chat_template": args.chat_template, "served_model_name": args.served_model_name, "tp": args.tp,
-           "replicas": args.replicas, "ingress_replicas": args.ingress_replicas, "device": args.device, "dtype": args.dtype, "load_format": args.load_format,
+           "replicas": args.replicas, "ingress_replicas": args.ingress_replicas, "device": args.device,
+           "dtype": args.dtype, "load_format": args.load_format,
            "seed": args.seed, "num_cpus_per_replica": args.num_cpus_per_replica,
            "enable_log_requests": args.enable_log_requests, "stream_interval": args.stream_interval,
            "stream_max_messages_per_s": args.stream_max_messages_per_s, "engine_process": args.engine_process,
