@@ -47,8 +47,14 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["split-state", "one-state-kernel"])
 @pytest.mark.parametrize("lens,prefix_lens,slots,ckpts", CASES, ids=[lens_id(c[0]) for c in CASES])
-def test_ssd_fp32_matches_ref(lens, prefix_lens, slots, ckpts):
+def test_ssd_fp32_matches_ref(lens, prefix_lens, slots, ckpts, split, monkeypatch):
+    """Both state paths of the plain recurrence (triton_chunk.SSD_SPLIT_STATE): the default
+    local states + scan, and the one sequential state kernel kept for A/B runs."""
+    from hybrid_serve.kernels.gated_delta import triton_chunk
+
+    monkeypatch.setattr(triton_chunk, "SSD_SPLIT_STATE", split)
     _check(lens, prefix_lens, slots, ckpts, 4, 2, 16, 16, torch.float32, 1e-5)
 
 
