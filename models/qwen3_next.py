@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from .layers import ColumnParallelLinear, RowParallelLinear, copy_checked
+from .layers.linear import LinearGroup
 from .layers.gdn import GatedDeltaNetBase
 from .layers.moe import SparseMoeBlock
 from ..distributed import divide, tp_rank, tp_size
@@ -59,9 +60,31 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNetBase):
         self.in_proj_ba = ColumnParallelLinear(h, total_k_heads * group_ba)
         attach_head_group_loader(self.in_proj_ba.weight, total_k_heads)
         self.out_proj = RowParallelLinear(hf_config.linear_num_value_heads * self.head_v_dim, h)
+        self.in_proj = LinearGroup([self.in_proj_qkvz, self.in_proj_ba])
+        self.rows_by_kind = False  # post_load: rows [q | k | v | z] and [b | a], one GEMM
+
+    def post_load(self) -> None:
+        """Reorder this rank's projection rows from the checkpoint's per-key-head groups to one
+        block per kind ([q | k | v | z], [b | a]: `mix()`'s inputs are then column slices of one
+        GEMM's output, no copies) and fuse both projections into that GEMM."""
+        if self.rows_by_kind:
+            return
+        hk, r, dk, dv = self.num_k_heads, self.v_per_k, self.head_k_dim, self.head_v_dim
+        for linear, sizes in ((self.in_proj_qkvz, [dk, dk, r * dv, r * dv]), (self.in_proj_ba, [r, r])):
+            w = linear.weight.data
+            groups = w.view(hk, sum(sizes), w.shape[-1]).split(sizes, dim=1)  # per kind: [Hk, rows, H]
+            linear.weight.data = torch.cat([g.reshape(-1, w.shape[-1]) for g in groups])
+        self.in_proj.fuse()
+        self.rows_by_kind = True
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        num_tokens, hk, r = hidden.shape[0], self.num_k_heads, self.v_per_k  # this rank's key heads
+        num_tokens = hidden.shape[0]
+        if self.rows_by_kind:  # after post_load: column slices of one output
+            mixed_qkv, z, b, a = self.in_proj.concatenated(hidden).split(
+                [2 * self.key_dim + self.value_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+            z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
+            return self.out_proj(self.mix(mixed_qkv, z, b, a, fb))
+        hk, r = self.num_k_heads, self.v_per_k  # the checkpoint's layout (a module never post_loaded)
         qkvz = self.in_proj_qkvz(hidden).view(num_tokens, hk, -1)  # [T, Hk, 2Dk + 2rDv]
         rdv = r * self.head_v_dim
         q, k, v, z = torch.split(qkvz, [self.head_k_dim, self.head_k_dim, rdv, rdv], dim=-1)

@@ -137,17 +137,20 @@ def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, we
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & mask_n[None, :])
 
 
-def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
-    Softmax in fp32 over all experts, top k (lowest id first on ties), optional renormalise
-    (in fp32, then one rounding to the logits' dtype)."""
+def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+                     out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] (row stride free) -> (weights [T, K] in out_dtype, default the
+    logits' dtype; expert ids [T, K] int64). Softmax in fp32 over all experts, top k (lowest id
+    first on ties), optional renormalise (in fp32, then one rounding to out_dtype)."""
     check_launch_device("moe_topk_softmax", router_logits)
     check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES)
     num_tokens, num_experts = router_logits.shape
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k={top_k} must be in [1, num_experts={num_experts}]")
-    weights = torch.empty(num_tokens, top_k, dtype=router_logits.dtype, device=router_logits.device)
+    out_dtype = out_dtype or router_logits.dtype
+    if out_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {[str(d) for d in FLOAT_DTYPES]}, got {out_dtype}")
+    weights = torch.empty(num_tokens, top_k, dtype=out_dtype, device=router_logits.device)
     ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=router_logits.device)
     if num_tokens:
         block_t, num_warps = topk_softmax_launch_config(num_experts)
@@ -159,15 +162,30 @@ def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool
 
 
 @triton.jit
-def _combine_topk_kernel(y_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    """out[t, cols] = sum_{k = 0..K-1} y[t*K + k, cols], added in slot order (fp32)."""
+def _combine_topk_kernel(y_ptr, out_ptr, shared_ptr, gate_ptr, hidden, stride_shared, stride_gate,
+                         TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SHARED: tl.constexpr,
+                         HAS_GATE: tl.constexpr, GATE_DTYPE: tl.constexpr):
+    """out[t, cols] = sum_{k = 0..K-1} y[t*K + k, cols], added in slot order (fp32), then
+    HAS_SHARED: + g[t] * shared[t, cols], g = sigmoid(gate[t]) with the logit and the sigmoid
+    each rounded to GATE_DTYPE (the model's dtype, as its own linear and sigmoid would), or
+    g = 1 without HAS_GATE. One rounding to out's dtype at the end."""
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < hidden
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for k in tl.static_range(TOP_K):
         acc += tl.load(y_ptr + (t * TOP_K + k) * hidden + cols, mask=mask, other=0.0)
+    if HAS_SHARED:
+        shared = tl.load(shared_ptr + t * stride_shared + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_GATE:
+            logit = tl.load(gate_ptr + t * stride_gate).to(GATE_DTYPE).to(tl.float32)
+            g = (1.0 / (1.0 + tl.exp(-logit))).to(GATE_DTYPE).to(tl.float32)
+            shared = shared * g
+        acc += shared
     tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,15 +216,21 @@ def one_row_tiles(num_assign: int, num_experts: int) -> bool:
 
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]).
+              topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None,
+              shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])
+    (+ g[t] * shared[t]).
 
     x: [T, H] (row stride free, last dim contiguous); gate_up_proj: [E, 2I, H] rows [gate | up]
     for activation "silu" (gated SiLU), or the up projection [E, I, H] for "relu2"
     (`relu(x @ up^T)^2`, not gated); down_proj: [E, H, I]; topk_weights: [T, K] float;
     topk_ids: [T, K] int32/int64 in [0, E).
-    Returns [T, H] in out_dtype (default x's dtype; the sum over experts is fp32 either way),
-    the rank-local partial sum under tensor parallelism.
+    shared: an optional [T, H] float term added to the sum (a shared expert's output, e.g. its
+    rank-local partial sum), scaled by g = sigmoid(shared_gate) when shared_gate [T, 1] (logits,
+    row stride free) is given; the logit and g are rounded to x's dtype as the model's own gate
+    linear and sigmoid round them.
+    Returns [T, H] in out_dtype (default x's dtype; the sum stays fp32 until then), the
+    rank-local partial sum under tensor parallelism.
     """
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
@@ -226,6 +250,13 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, top_k),
                  device=x.device, last_contiguous=False)
     check_index_range("topk_ids", topk_ids, 0, num_experts)
+    if shared is not None:
+        check_tensor("shared", shared, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, hidden), device=x.device)
+    if shared_gate is not None:
+        if shared is None:
+            raise ValueError("shared_gate needs shared (the term it gates)")
+        check_tensor("shared_gate", shared_gate, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens, 1),
+                     device=x.device)
     out_dtype = out_dtype or x.dtype
     if num_tokens == 0:
         return torch.zeros(x.shape, dtype=out_dtype, device=x.device)
@@ -243,20 +274,42 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     h = torch.empty(num_assign, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_assign, hidden, dtype=torch.float32, device=x.device)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    block_n, block_k = 64, 64 if x.dtype != torch.float32 else 32
     for out, a, w, n_out, k_in, div, first in ((h, x, gate_up_proj, inter, hidden, top_k, True),
                                               (y, h, down_proj, hidden, inter, 1, False)):
+        block_n, block_k, warps, stages = gemm_tiles(one_row, first, x.dtype)
         grid = (tile_expert.shape[0], triton.cdiv(n_out, block_n))
         _moe_gemm_kernel[grid](
             a, w, out, sorted_rows, tile_expert, weights, num_assign, num_experts, n_out, k_in,
             a.stride(0), w.stride(0), w.stride(1), out.stride(0),
             A_ROW_DIV=div, GATED=first and gated, RELU2=first and not gated, SCALE_ROWS=not first,
             ONE_ROW_TILES=one_row, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=block_k, DOT_PREC=prec, num_warps=4)
+            BLOCK_K=block_k, DOT_PREC=prec, num_warps=warps, num_stages=stages)
     out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
     block_h = min(1024, next_pow2(hidden))
-    _combine_topk_kernel[(num_tokens, triton.cdiv(hidden, block_h))](y, out, hidden, TOP_K=top_k, BLOCK_H=block_h)
+    _combine_topk_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        y, out, shared if shared is not None else y, shared_gate if shared_gate is not None else y, hidden,
+        shared.stride(0) if shared is not None else 0, shared_gate.stride(0) if shared_gate is not None else 0,
+        TOP_K=top_k, BLOCK_H=block_h, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None,
+        GATE_DTYPE=_TL_DTYPE[x.dtype])
     return out
+
+
+# (BLOCK_N, BLOCK_K, warps, stages) of the two expert GEMMs: [one-row tiles][first GEMM].
+# benchmarks/moe_gemm_tune.py, H200, 512 experts top-10, hidden 2048, intermediate 512, bf16,
+# one token (us per fused_moe call, weights streamed from HBM; floor 14.8 us): (64, 64, 4, 3)
+# for both 28.3 us; the first GEMM at (32, 128, 2, 4) 23.4 us: twice the programs (160 for 10
+# experts), each with deeper loads. The second GEMM's best is within noise of the others
+# (64, 128, 2, 3, also best at 4 tokens). Grouped tiles (prefill) keep the measured defaults.
+GEMM_TILES = {
+    (True, True): (32, 128, 2, 4), (True, False): (64, 128, 2, 3),
+    (False, True): (64, 64, 4, 3), (False, False): (64, 64, 4, 3),
+}
+
+
+def gemm_tiles(one_row: bool, first: bool, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of an expert GEMM (BLOCK_K 32 in fp32)."""
+    block_n, block_k, warps, stages = GEMM_TILES[(one_row, first)]
+    return block_n, (block_k if dtype != torch.float32 else min(block_k, 32)), warps, stages
 
 
 install_fast_launch(__name__)  # HYBRID_SERVE_TRITON_FAST_LAUNCH=1: kernels/_launch.py

@@ -26,16 +26,18 @@ import torch
 import torch.nn as nn
 
 from . import ops
-from .linear import ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
+from .linear import LinearGroup, ReplicatedLinear, attach_segmented_loader, copy_checked, segmented_shard
 from ...distributed import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 
 
-def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64).
+def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+                 out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] -> (weights [T, K] in out_dtype, default the logits' dtype; expert
+    ids [T, K] int64).
 
     Softmax in fp32 over all experts, keep the top k; with `renormalize` (config `norm_topk_prob`)
     the kept weights are rescaled to sum to 1."""
-    return ops.moe_topk_softmax(router_logits, top_k, renormalize)
+    return ops.moe_topk_softmax(router_logits, top_k, renormalize, out_dtype)
 
 
 class FusedExperts(nn.Module):
@@ -76,11 +78,14 @@ class FusedExperts(nn.Module):
         return 2 if attr == "gate_up_proj" else 1
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                out_dtype: torch.dtype | None = None, shared: torch.Tensor | None = None,
+                shared_gate: torch.Tensor | None = None) -> torch.Tensor:
         """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum, in
-        out_dtype (default `partial_sum_dtype`: fp32 under tensor parallelism in bf16)."""
+        out_dtype (default `partial_sum_dtype`: fp32 under tensor parallelism in bf16); `shared`
+        [T, H] (times sigmoid(shared_gate [T, 1]) if given) joins the sum (ops.fused_moe)."""
         return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids,
-                             out_dtype=out_dtype or partial_sum_dtype(x.dtype))
+                             out_dtype=out_dtype or partial_sum_dtype(x.dtype), shared=shared,
+                             shared_gate=shared_gate)
 
 
 class SparseMoeBlock(nn.Module):
@@ -112,6 +117,12 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if shared_expert_gate else None
         if shared_expert_gate and shared_expert is None:
             raise ValueError("shared_expert_gate needs a shared_expert")
+        # after loading: the shared expert's gate row below the router's ([E + 1, H]), one GEMM
+        self.router = LinearGroup([self.gate, self.shared_expert_gate]) if shared_expert_gate else None
+
+    def post_load(self) -> None:
+        if self.router is not None and self.router.weight is None:
+            self.router.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] -> [T, H] (complete, all-reduced across ranks).
@@ -120,16 +131,23 @@ class SparseMoeBlock(nn.Module):
         all-reduced once (one all-reduce per layer, not two), in fp32 for bf16/fp16 models at
         every tp (so tp=1 rounds once where tp=N does: their tokens agree)."""
         # the router in fp32: in bf16, near-tied experts flip and the output jumps
-        router_logits = ops.router_logits(x, self.gate.weight)  # [T, E]
-        topk_weights, topk_ids = softmax_topk(router_logits, self.top_k, self.norm_topk_prob)  # [T, K]
-        topk_weights = topk_weights.to(x.dtype)
+        num_experts = self.experts.num_experts
+        fused_gate = self.router is not None and self.router.weight is not None
+        router_logits = ops.router_logits(x, self.router.weight if fused_gate else self.gate.weight)  # [T, E(+1)]
+        topk_weights, topk_ids = softmax_topk(router_logits[:, :num_experts], self.top_k, self.norm_topk_prob,
+                                              out_dtype=x.dtype)  # [T, K]
         if self.shared_expert is None or not hasattr(self.shared_expert, "partial"):
             out = all_reduce(self.experts(x, topk_ids, topk_weights)).to(x.dtype)  # [T, H]
             return out if self.shared_expert is None else out + self._gated(x, self.shared_expert(x))
         acc_dtype = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
-        partial = self.experts(x, topk_ids, topk_weights, out_dtype=acc_dtype)  # [T, H]
-        partial += self._gated(x, self.shared_expert.partial(x, acc_dtype))
-        return all_reduce(partial).to(x.dtype)
+        gate_logit = None  # [T, 1]: the shared expert's gate, applied in the experts' final sum
+        if self.shared_expert_gate is not None:
+            gate_logit = router_logits[:, num_experts:] if fused_gate else self.shared_expert_gate(x)
+        # at tp=1 the all-reduce is the identity: the experts' sum rounds to x's dtype itself
+        out_dtype = x.dtype if tp_size() == 1 else acc_dtype
+        out = self.experts(x, topk_ids, topk_weights, out_dtype=out_dtype,
+                           shared=self.shared_expert.partial(x, acc_dtype), shared_gate=gate_logit)
+        return all_reduce(out).to(x.dtype)
 
     def _gated(self, x: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
         """sigmoid(shared_expert_gate(x)) * shared, gate [T, 1] (or shared as is, ungated)."""

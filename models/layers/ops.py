@@ -208,17 +208,21 @@ def rotary_neox(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 
 
 # ----- mixture of experts -----------------------------------------------------------------
-def moe_topk_softmax(router_logits: torch.Tensor, top_k: int,
-                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits: [T, E] -> (weights [T, K] in the logits' dtype, expert ids [T, K] int64)."""
+def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool,
+                     out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits: [T, E] -> (weights [T, K] in out_dtype, default the logits' dtype; expert
+    ids [T, K] int64)."""
     fn = _moe.moe_topk_softmax if use_triton(router_logits) else _moe.moe_topk_softmax_ref
-    return fn(router_logits, top_k, renormalize)
+    return fn(router_logits, top_k, renormalize, out_dtype)
 
 
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None,
+              shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None) -> torch.Tensor:
     """x: [T, H]; w1: [E, 2I, H] (silu, rows [gate | up]) or [E, I, H] (relu2); w2: [E, H, I];
     topk_weights, topk_ids: [T, K]. Returns this rank's partial sum [T, H] in out_dtype
-    (default x's dtype)."""
+    (default x's dtype), plus `shared` [T, H] (times sigmoid(shared_gate [T, 1]) if given)
+    added in the same fp32 sum: a shared expert's term without launches of its own."""
     fn = _moe.fused_moe if use_triton(x) else _moe.fused_moe_ref
-    return fn(x, w1, w2, topk_weights, topk_ids, activation, out_dtype=out_dtype)
+    return fn(x, w1, w2, topk_weights, topk_ids, activation, out_dtype=out_dtype, shared=shared,
+              shared_gate=shared_gate)

@@ -135,11 +135,17 @@ def test_fused_moe_more_experts_than_assignments():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
     """Decode over many experts (4A <= E) skips the grouping pass, a tile per assignment: the
-    same bits as the grouped layout (a row's values do not depend on its tile's other rows),
-    and the reference's values."""
+    same bits as the grouped layout (a row's values do not depend on its tile's other rows,
+    nor, on the GPU, on the tiles' widths: each output adds its K products in the same order
+    whatever BLOCK_N and BLOCK_K are), and the reference's values. Under the interpreter a
+    tl.dot is NumPy's matmul, whose sums do depend on the block's shape: there the one-row
+    GEMMs take the grouped ones' tiles."""
     from hybrid_serve.kernels.moe import triton_moe
 
     monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
+    if DEVICE != "cuda":
+        for first in (True, False):
+            monkeypatch.setitem(triton_moe.GEMM_TILES, (True, first), triton_moe.GEMM_TILES[(False, first)])
     E, K, H, I, T = 64, 4, 24, 40, 3
     g = torch.Generator().manual_seed(11)
     x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
@@ -153,6 +159,45 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
     assert torch.equal(one_row, grouped)
     want = fused_moe_ref(x.cpu().float(), gate_up.cpu().float(), down.cpu().float(), weights.cpu().float(), ids.cpu())
     assert rel_err(one_row.cpu(), want) < (1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_fused_moe_adds_the_shared_term(dtype, tol, gated):
+    """`shared` (times sigmoid(shared_gate), the logit a strided column of the router's output)
+    joins the experts' fp32 sum: equal to the reference, and to the model's arithmetic before
+    the term moved into the kernel (sigmoid of the gate linear in x's dtype, times the fp32
+    shared partial, added to the fp32 routed partial, rounded once)."""
+    E, K, H, I, T = 6, 2, 24, 40, 5
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
+    gate_up, down = _experts(E, H, I, dtype, seed=5)
+    logits = torch.randn(T, E + 1, generator=g).to(DEVICE)  # router | shared gate, fp32
+    weights, ids = moe_topk_softmax(logits[:, :E], K, True, out_dtype=dtype)
+    shared = torch.randn(T, H, generator=g).to(DEVICE)
+    gate = logits[:, E:] if gated else None
+    got = fused_moe(x, gate_up, down, weights, ids, shared=shared, shared_gate=gate)
+    assert got.dtype == dtype
+    routed = fused_moe(x, gate_up, down, weights, ids, out_dtype=torch.float32)
+    scale = torch.sigmoid(gate.to(dtype)) if gated else 1.0
+    before = (routed + scale * shared).to(dtype)  # the model's old arithmetic on the same routed sum
+    assert rel_err(got.float().cpu(), before.float().cpu()) < (1e-6 if dtype == torch.float32 else 8e-3)
+    want = fused_moe_ref(x.cpu().float(), gate_up.cpu().float(), down.cpu().float(), weights.cpu().float(),
+                         ids.cpu(), shared=shared.cpu(), shared_gate=None if gate is None else gate.cpu().to(dtype))
+    assert rel_err(got.float().cpu(), want) < tol
+    with pytest.raises(ValueError, match="shared_gate needs shared"):
+        fused_moe(x, gate_up, down, weights, ids, shared_gate=logits[:, E:])
+
+
+def test_topk_softmax_out_dtype_and_strided_logits():
+    """Weights written in the asked dtype (no cast launch after), logits a column slice."""
+    logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    w, ids = moe_topk_softmax(logits[:, :8], 2, True, out_dtype=torch.bfloat16)
+    want_w, want_ids = moe_topk_softmax(logits[:, :8].contiguous(), 2, True)
+    assert w.dtype == torch.bfloat16 and torch.equal(ids, want_ids)
+    assert torch.equal(w, want_w.to(torch.bfloat16))
+    ref_w, _ = moe_topk_softmax_ref(logits[:, :8].cpu(), 2, True, out_dtype=torch.bfloat16)
+    assert ref_w.dtype == torch.bfloat16
 
 
 def test_fused_moe_many_tokens_one_expert():
@@ -204,6 +249,25 @@ def test_fused_moe_serving_shapes_gpu(tokens):
     got = fused_moe(x, gate_up, down, w, ids)
     want = fused_moe_ref(x.float(), gate_up.float(), down.float(), w.float(), ids)
     assert rel_err(got.float(), want) < 2e-2
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [1, 4], ids=["decode1", "decode4"])
+def test_fused_moe_one_row_tiles_equal_grouped_tiles_serving_shapes_gpu(tokens, monkeypatch):
+    """At Qwen3-Next's shapes (several K tiles in both GEMMs) the one-row tiles' own widths
+    (GEMM_TILES) give the grouped tiles' bits: a decode step's tokens do not depend on which
+    layout its row count picks (an eager step vs a graph padded past the one-row bound)."""
+    from hybrid_serve.kernels.moe import triton_moe
+
+    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
+    E, K, H, I = 512, 10, 2048, 512
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
+    w, ids = moe_topk_softmax(torch.randn(tokens, E, device="cuda"), K, True, out_dtype=torch.bfloat16)
+    assert triton_moe.one_row_tiles(tokens * K, E)
+    one_row = fused_moe(x, gate_up, down, w, ids, out_dtype=torch.float32)
+    monkeypatch.setattr(triton_moe, "one_row_tiles", lambda *_: False)
+    assert torch.equal(one_row, fused_moe(x, gate_up, down, w, ids, out_dtype=torch.float32))
 
 
 def test_fused_moe_rows_do_not_depend_on_the_row_count():

@@ -69,6 +69,12 @@ def test_block_matches_naive_loop(norm_topk_prob):
     x = torch.randn(13, H)
     with torch.no_grad():
         torch.testing.assert_close(block(x), _naive(x, ckpt, norm_topk_prob), rtol=1e-5, atol=1e-5)
+        for module in block.modules():  # as the loader does: the shared gate's row joins the router's
+            if hasattr(module, "post_load"):
+                module.post_load()
+        assert block.router.weight.shape == (E + 1, H)
+        assert block.gate.weight.data_ptr() == block.router.weight.data_ptr()
+        torch.testing.assert_close(block(x), _naive(x, ckpt, norm_topk_prob), rtol=1e-5, atol=1e-5)
 
 
 def test_fused_checkpoint_form_loads_the_same():
