@@ -16,7 +16,9 @@ nothing from the rest of hybrid_serve.
     rotary          rotary_neox
     state_ops       commit_verified_state, copy_state_slots
     sampling        sample_tokens, masked_logits    per-row params and seeds, no host sync
-    moe             moe_topk_softmax, fused_moe     gated-SiLU or relu2 experts
+    moe             moe_topk_softmax, fused_moe     gated-SiLU or relu2 experts (+ a gated shared
+                                                    expert's term in the same sum)
+    batch_meta      decode_batch_fields             a decode graph's batch fields in one launch
 
 Index data goes in as device tensors (`state_slots`, `cu_seqlens`, ...): launchers never
 sync with the host, except for the index-range checks, which run on CPU tensors or with

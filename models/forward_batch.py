@@ -26,7 +26,9 @@ from typing import NamedTuple
 import torch
 
 from ..device_io import to_device
+from ..kernels import batch_meta as _batch_meta
 from ..kernels._chunks import ChunkTable, build_chunk_table
+from ..kernels.switch import use_triton
 from ..kernels.causal_conv1d import ConvSnapshotIndex, conv_snapshot_index
 from ..mem_cache import KVPool, RequestRowTable, StatePool
 
@@ -193,6 +195,23 @@ class ForwardBatch:
             state_slots=table.row_state_slot[req_rows], logits_indices=(cu_seqlens[1:] - 1).long(),
             positions=positions, kv_slots=table.req_to_token[token_req_rows, positions].long(),
             num_tokens=num_tokens, max_extend_len=max_extend_len, kv_pool=kv_pool, state_pool=state_pool,
+            req_to_token=table.req_to_token)
+
+    @classmethod
+    def build_decode(cls, meta: torch.Tensor, size: int, last_tokens: torch.Tensor, extend_lens: torch.Tensor,
+                     cu_seqlens: torch.Tensor, table: RequestRowTable, kv_pool: KVPool | None,
+                     state_pool: StatePool | None) -> tuple[torch.Tensor, "ForwardBatch"]:
+        """(input_ids [size], batch) of a pure decode step (one token per row) from the decode
+        graphs' metadata `meta` (req_rows | positions | input_ids, int64: kernels/batch_meta),
+        what `build` gives for it; on the kernel path all fields come from one launch (inside a
+        CUDA graph the torch ops are ~14 small kernels). extend_lens [size] (ones) and
+        cu_seqlens [size+1] (arange) are the graphs' static ones."""
+        fn = _batch_meta.decode_batch_fields if use_triton(meta) else _batch_meta.decode_batch_fields_ref
+        f = fn(meta, size, last_tokens, table.row_state_slot, table.req_to_token)
+        return f.input_ids, cls(
+            req_rows=f.req_rows, prefix_lens=f.prefix_lens, extend_lens=extend_lens, cu_seqlens=cu_seqlens,
+            state_slots=f.state_slots, logits_indices=f.logits_indices, positions=f.positions, kv_slots=f.kv_slots,
+            num_tokens=size, max_extend_len=1, kv_pool=kv_pool, state_pool=state_pool,
             req_to_token=table.req_to_token)
 
     @classmethod

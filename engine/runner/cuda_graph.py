@@ -96,6 +96,9 @@ class DecodeBuffers:
         """(input_ids [size * Q], ForwardBatch) of the meta's first values, built with device ops
         only by the one ForwardBatch builder (this is what a graph captures)."""
         q = self.tokens_per_row
+        if q == 1:  # decode: every field from one launch on the kernel path
+            return ForwardBatch.build_decode(self.meta, size, last_tokens, self.extend_lens[:size],
+                                             self.cu_seqlens[: size + 1], table, kv_pool, state_pool)
         meta = self.meta[: (2 + q) * size]
         req_rows, positions, ids = meta[:size], meta[size : 2 * size], meta[2 * size :]
         pending_rows = req_rows if q == 1 else req_rows.repeat_interleave(q, output_size=size * q)

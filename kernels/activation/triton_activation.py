@@ -18,30 +18,43 @@ from .._launch import install_fast_launch
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, y_ptr, F, stride_x, stride_y, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, y_ptr, F, stride_x, stride_y, ROUND_INPUT: tl.constexpr, BLOCK: tl.constexpr):
+    """ROUND_INPUT: gate and up rounded to y's dtype first (fp32 GEMM sums, as a GEMM in y's
+    dtype would have stored them)."""
     t, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < F
     row = x_ptr + t.to(tl.int64) * stride_x
-    gate = tl.load(row + offs, mask=ok, other=0.0).to(tl.float32)
-    up = tl.load(row + F + offs, mask=ok, other=0.0).to(tl.float32)
+    gate = tl.load(row + offs, mask=ok, other=0.0)
+    up = tl.load(row + F + offs, mask=ok, other=0.0)
+    if ROUND_INPUT:
+        gate = gate.to(y_ptr.dtype.element_ty)
+        up = up.to(y_ptr.dtype.element_ty)
+    gate = gate.to(tl.float32)
+    up = up.to(tl.float32)
     y = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(y_ptr + t.to(tl.int64) * stride_y + offs, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up: [T, 2F] (gate | up; last dim contiguous). Returns silu(gate) * up [T, F] in
-    gate_up's dtype (fp32 math): one launch instead of silu, then mul."""
+def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """gate_up: [T, 2F] (gate | up; last dim contiguous, row stride free). Returns silu(gate) * up
+    [T, F] in out_dtype (default gate_up's; fp32 math): one launch instead of silu, then mul.
+    A narrower out_dtype rounds gate and up to it first (fp32 GEMM sums of a projection whose
+    output the model holds in out_dtype)."""
     check_launch_device("silu_and_mul", gate_up)
     check_tensor("gate_up", gate_up, ndim=2, dtypes=FLOAT_DTYPES)
     t, f2 = gate_up.shape
     if f2 % 2:
         raise ValueError(f"gate_up's last dim must be even (gate | up), got {f2}")
     f = f2 // 2
-    y = torch.empty((t, f), dtype=gate_up.dtype, device=gate_up.device)
+    out_dtype = out_dtype or gate_up.dtype
+    if out_dtype not in FLOAT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {[str(d) for d in FLOAT_DTYPES]}, got {out_dtype}")
+    y = torch.empty((t, f), dtype=out_dtype, device=gate_up.device)
     if t:
         block = min(2048, next_pow2(f))
-        _silu_and_mul_kernel[(t, triton.cdiv(f, block))](gate_up, y, f, gate_up.stride(0), y.stride(0), BLOCK=block)
+        _silu_and_mul_kernel[(t, triton.cdiv(f, block))](gate_up, y, f, gate_up.stride(0), y.stride(0),
+                                                         ROUND_INPUT=out_dtype != gate_up.dtype, BLOCK=block)
     return y
 
 

@@ -17,12 +17,17 @@ class GatedMLP(nn.Module):
         self.gate_up = LinearGroup([self.gate_proj, self.up_proj])
 
     def post_load(self) -> None:
-        self.gate_up.fuse()
+        if self.gate_up.weight is None:  # a SparseMoeBlock may have fused it into its router's GEMM
+            self.gate_up.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.silu_and_mul(self.gate_up.concatenated(x)))
 
-    def partial(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, out_dtype: torch.dtype, gate_up: torch.Tensor | None = None) -> torch.Tensor:
         """x: [T, H] -> this rank's partial sum [T, H] in out_dtype, before the all-reduce (for a
-        caller that adds other partial sums first and reduces once: SparseMoeBlock)."""
-        return self.down_proj.partial(ops.silu_and_mul(self.gate_up.concatenated(x)), out_dtype)
+        caller that adds other partial sums first and reduces once: SparseMoeBlock). gate_up:
+        this rank's [T, 2 * I/tp] projection if the caller computed it (fp32 sums: rounded to
+        x's dtype as this module's own GEMM would store them)."""
+        if gate_up is None:
+            gate_up = self.gate_up.concatenated(x)
+        return self.down_proj.partial(ops.silu_and_mul(gate_up, out_dtype=x.dtype), out_dtype)

@@ -117,11 +117,23 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if shared_expert_gate else None
         if shared_expert_gate and shared_expert is None:
             raise ValueError("shared_expert_gate needs a shared_expert")
-        # after loading: the shared expert's gate row below the router's ([E + 1, H]), one GEMM
+        # after loading: one GEMM of x for the router, the shared expert's gate row below it and
+        # (a GatedMLP shared expert) its gate/up rows: [E | 1 | 2 * I_shared/tp, H], fp32 out
         self.router = LinearGroup([self.gate, self.shared_expert_gate]) if shared_expert_gate else None
+        self.router_rows = num_experts + (1 if shared_expert_gate else 0)  # the router's logits and gate
 
     def post_load(self) -> None:
-        if self.router is not None and self.router.weight is None:
+        """Fuse the GEMMs of x (`router`). A GatedMLP shared expert's gate_up group is made a
+        view of the fused weight's last rows (its own post_load then keeps it)."""
+        if self.router is None or self.router.weight is not None:
+            return
+        mlp = getattr(self.shared_expert, "gate_up", None)
+        if isinstance(mlp, LinearGroup) and mlp.weight is None and hasattr(self.shared_expert, "partial") \
+                and all(getattr(p, "bias", None) is None for p in mlp.parts):
+            self.router = LinearGroup(self.router.parts + mlp.parts)
+            self.router.fuse()
+            mlp.weight, mlp.sizes = self.router.weight[self.router_rows:], self.router.sizes[2:]
+        else:
             self.router.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,9 +144,9 @@ class SparseMoeBlock(nn.Module):
         every tp (so tp=1 rounds once where tp=N does: their tokens agree)."""
         # the router in fp32: in bf16, near-tied experts flip and the output jumps
         num_experts = self.experts.num_experts
-        fused_gate = self.router is not None and self.router.weight is not None
-        router_logits = ops.router_logits(x, self.router.weight if fused_gate else self.gate.weight)  # [T, E(+1)]
-        topk_weights, topk_ids = softmax_topk(router_logits[:, :num_experts], self.top_k, self.norm_topk_prob,
+        fused = self.router is not None and self.router.weight is not None
+        projections = ops.router_logits(x, self.router.weight if fused else self.gate.weight)  # [T, E(+1+2I/tp)]
+        topk_weights, topk_ids = softmax_topk(projections[:, :num_experts], self.top_k, self.norm_topk_prob,
                                               out_dtype=x.dtype)  # [T, K]
         if self.shared_expert is None or not hasattr(self.shared_expert, "partial"):
             out = all_reduce(self.experts(x, topk_ids, topk_weights)).to(x.dtype)  # [T, H]
@@ -142,11 +154,12 @@ class SparseMoeBlock(nn.Module):
         acc_dtype = torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
         gate_logit = None  # [T, 1]: the shared expert's gate, applied in the experts' final sum
         if self.shared_expert_gate is not None:
-            gate_logit = router_logits[:, num_experts:] if fused_gate else self.shared_expert_gate(x)
+            gate_logit = projections[:, num_experts:self.router_rows] if fused else self.shared_expert_gate(x)
+        shared_gate_up = projections[:, self.router_rows:] if projections.shape[1] > self.router_rows else None
+        shared = self.shared_expert.partial(x, acc_dtype, gate_up=shared_gate_up)
         # at tp=1 the all-reduce is the identity: the experts' sum rounds to x's dtype itself
         out_dtype = x.dtype if tp_size() == 1 else acc_dtype
-        out = self.experts(x, topk_ids, topk_weights, out_dtype=out_dtype,
-                           shared=self.shared_expert.partial(x, acc_dtype), shared_gate=gate_logit)
+        out = self.experts(x, topk_ids, topk_weights, out_dtype=out_dtype, shared=shared, shared_gate=gate_logit)
         return all_reduce(out).to(x.dtype)
 
     def _gated(self, x: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:

@@ -91,10 +91,15 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 # ----- activations ------------------------------------------------------------------------------
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up: [T, 2F] (gate | up) -> silu(gate) * up [T, F]; one launch on the kernel path."""
+def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """gate_up: [T, 2F] (gate | up) -> silu(gate) * up [T, F] in out_dtype (default gate_up's;
+    a narrower one rounds gate and up to it first: fp32 GEMM sums of a projection the model
+    holds in out_dtype); one launch on the kernel path."""
     if use_triton(gate_up):
-        return _act.silu_and_mul(gate_up)
+        return _act.silu_and_mul(gate_up, out_dtype)
+    if out_dtype is not None and out_dtype != gate_up.dtype:
+        gate, up = gate_up.to(out_dtype).chunk(2, dim=-1)
+        return (F.silu(gate.float()) * up.float()).to(out_dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 

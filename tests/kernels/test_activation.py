@@ -28,6 +28,22 @@ def test_silu_and_mul(dtype, t):
         silu_and_mul(_rand(2, 7))
 
 
+def test_silu_and_mul_rounds_fp32_sums_to_out_dtype():
+    """fp32 GEMM sums in, bf16 out: gate and up rounded to bf16 first, so the result is the bits
+    of the same kernel on the bf16 projection (what the model's bf16 GEMM would have stored);
+    the ops dispatcher's reference path agrees to one rounding."""
+    from hybrid_serve.models.layers import ops
+
+    x = _rand(3, 2 * 40 + 6, seed=4)[:, 6:]  # fp32, strided rows
+    got = silu_and_mul(x, out_dtype=torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, silu_and_mul(x.to(torch.bfloat16)))
+    ref = ops.silu_and_mul(x.cpu(), out_dtype=torch.bfloat16) if DEVICE == "cpu" else got.cpu()
+    assert rel_err(got.float().cpu(), ref.float()) < TOL[torch.bfloat16]
+    with pytest.raises(ValueError, match="out_dtype"):
+        silu_and_mul(x, out_dtype=torch.int32)
+
+
 @gpu
 @pytest.mark.parametrize("t", [1, 64])
 def test_silu_and_mul_serving_shapes(t):

@@ -69,11 +69,13 @@ def test_block_matches_naive_loop(norm_topk_prob):
     x = torch.randn(13, H)
     with torch.no_grad():
         torch.testing.assert_close(block(x), _naive(x, ckpt, norm_topk_prob), rtol=1e-5, atol=1e-5)
-        for module in block.modules():  # as the loader does: the shared gate's row joins the router's
-            if hasattr(module, "post_load"):
+        for module in block.modules():  # as the loader does: x's GEMMs (router, shared gate, shared
+            if hasattr(module, "post_load"):  # gate/up) become one
                 module.post_load()
-        assert block.router.weight.shape == (E + 1, H)
+        assert block.router.weight.shape == (E + 1 + 2 * S, H)
         assert block.gate.weight.data_ptr() == block.router.weight.data_ptr()
+        gate_up = block.shared_expert.gate_up.weight
+        assert gate_up.shape == (2 * S, H) and gate_up.data_ptr() == block.router.weight[E + 1:].data_ptr()
         torch.testing.assert_close(block(x), _naive(x, ckpt, norm_topk_prob), rtol=1e-5, atol=1e-5)
 
 
