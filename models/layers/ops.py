@@ -59,6 +59,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if bias is None else y + bias.float()
 
 
+def few_rows(x: torch.Tensor) -> bool:
+    """Whether `linear` gives x (rows of [..., K]) to the Triton skinny / few-rows kernels
+    (decode-sized batches), which write fp32 sums as cheaply as x's dtype."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return 0 < rows <= max(skinny_rows_limit(), few_rows_limit()) and use_triton(x)
+
+
 _MIXED_DTYPE_MM = {"cuda": True}  # torch.mm(..., out_dtype=) usable here (checked on first use)
 
 

@@ -77,6 +77,12 @@ def test_block_matches_naive_loop(norm_topk_prob):
         gate_up = block.shared_expert.gate_up.weight
         assert gate_up.shape == (2 * S, H) and gate_up.data_ptr() == block.router.weight[E + 1:].data_ptr()
         torch.testing.assert_close(block(x), _naive(x, ckpt, norm_topk_prob), rtol=1e-5, atol=1e-5)
+        from hybrid_serve.models.layers import ops
+
+        for few in (True, False):  # decode rows: the one GEMM; prompt rows: router and shared expert apart
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(ops, "few_rows", lambda _x, few=few: few)
+                torch.testing.assert_close(block(x), _naive(x, ckpt, norm_topk_prob), rtol=1e-5, atol=1e-5)
 
 
 def test_fused_checkpoint_form_loads_the_same():
