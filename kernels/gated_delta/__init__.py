@@ -1,5 +1,5 @@
 from .._common import HAS_TRITON, missing_triton
-from .ref import gated_delta_rule_varlen_ref, gdn_gating_ref, l2norm_ref
+from .ref import gated_delta_rule_varlen_chunked_ref, gated_delta_rule_varlen_ref, gdn_gating_ref, l2norm_ref
 
 if HAS_TRITON:
     from .triton_chunk import chunked_recurrence, gated_delta_rule_chunked
@@ -12,4 +12,5 @@ else:
     gdn_gating = missing_triton("gdn_gating")
 
 __all__ = ["chunked_recurrence", "gated_delta_rule_chunked", "gated_delta_rule_recurrent",
-           "gated_delta_rule_varlen_ref", "gdn_gating", "gdn_gating_ref", "l2norm_ref"]
+           "gated_delta_rule_varlen_chunked_ref", "gated_delta_rule_varlen_ref", "gdn_gating", "gdn_gating_ref",
+           "l2norm_ref"]

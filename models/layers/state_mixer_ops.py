@@ -103,6 +103,10 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
             return _gdn_chunked(q, k, v, g, beta, ssm_states, fb, use_qk_l2norm, out)
         return _gdn.gated_delta_rule_recurrent(q, k, v, g, beta, ssm_states, fb.state_slots, fb.cu_seqlens,
                                                use_qk_l2norm=use_qk_l2norm, out=out, **_gdn_verify_kwargs(fb, ssm_states))
+    if _chunked(fb):  # prompt rows: the recurrence a chunk of matrix products at a time (CPU)
+        return _gdn.gated_delta_rule_varlen_chunked_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots,
+                                                        fb.host.cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+                                                        checkpoints=fb.checkpoints, chunk=STATE_CHUNK)
     return _gdn.gated_delta_rule_varlen_ref(q, k, v, g, beta, ssm_states, fb.host.state_slots, fb.host.cu_seqlens,
                                             use_qk_l2norm=use_qk_l2norm, checkpoints=fb.checkpoints)
 
