@@ -23,7 +23,7 @@ from .engine.sampling_params import SamplingParams
 from .engine.tokenizer import load_tokenizer
 from .engine.validation import validate_prompt
 
-PromptType = Union[str, Sequence[int]]
+PromptType = Union[str, Sequence[int], dict]  # dict: vLLM's {"prompt": str} or {"prompt_token_ids": [ids]}
 
 
 class LLM:
@@ -67,6 +67,19 @@ class LLM:
 
     # ----- prompts ---------------------------------------------------------------------
     def _token_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
+            keys = set(prompt)
+            if keys == {"prompt_token_ids"}:
+                prompt = prompt["prompt_token_ids"]
+                if isinstance(prompt, str) or not isinstance(prompt, (list, tuple)):
+                    raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
+            elif keys == {"prompt"}:
+                prompt = prompt["prompt"]
+                if not isinstance(prompt, str):
+                    raise ValueError(f"a dict's 'prompt' must be a string, got {type(prompt).__name__}")
+            else:
+                raise ValueError(f"a prompt dict takes 'prompt' (text) or 'prompt_token_ids' (ids), "
+                                 f"got keys {sorted(keys)}")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model directory has no tokenizer: pass prompts as token id lists")
@@ -76,7 +89,7 @@ class LLM:
         raise ValueError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def _normalize(self, prompts) -> list[PromptType]:
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, dict)):
             return [prompts]
         prompts = list(prompts)
         if prompts and all(isinstance(t, int) for t in prompts):

@@ -98,6 +98,22 @@ def test_bad_prompt_raises_and_engine_keeps_serving(model_dir, prompt, params, m
     engine.cache.check_empty()
 
 
+def test_prompt_dicts_as_in_vllm(model_dir):
+    """vLLM's TokensPrompt / TextPrompt dicts: {"prompt_token_ids": ids} generates as the id list
+    does (one dict, or several), other dicts are refused by name (a dict was once read as the
+    list of its keys: the text "prompt_token_ids")."""
+    llm = LLM(model=model_dir, dtype="float32", max_model_len=512)
+    good = _prompts(2, seed=5)
+    want = [o.outputs[0].token_ids for o in llm.generate(good, GREEDY)]
+    got = llm.generate([{"prompt_token_ids": p} for p in good], GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == want and got[0].prompt_token_ids == good[0]
+    assert llm.generate({"prompt_token_ids": good[1]}, GREEDY)[0].outputs[0].token_ids == want[1]
+    for bad, match in (({"prompt_ids": good[0]}, "prompt_token_ids"), ({"prompt_token_ids": "hi"}, "list of token"),
+                       ({"prompt": [1, 2]}, "must be a string"), ({"prompt": "a", "prompt_token_ids": [1]}, "keys")):
+        with pytest.raises(ValueError, match=match):
+            llm.generate(bad, GREEDY)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
