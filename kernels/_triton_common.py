@@ -1,10 +1,14 @@
 """@triton.jit helpers the varlen state kernels share (triton imported here, unlike _common.py)."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from . import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
+
+# torch float dtype -> Triton dtype, for kernels that round to or compute in a caller's dtype
+TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit

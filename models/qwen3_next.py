@@ -7,6 +7,8 @@ Matches transformers' Qwen3NextForCausalLM. Differences from Qwen3.5 handled her
       in_proj_ba   rows: [b_g r  | a_g r]                          for g = 0..H-1
   (value heads g*r .. g*r+r-1 belong to key head g). Under TP each rank takes contiguous key
   head groups, so its value heads are contiguous too, as the conv / A_log / dt_bias shards expect.
+  After loading (`post_load`) a rank's rows are reordered to [q | k | v | z] and [b | a] and both
+  projections run as one GEMM whose column slices are the mixer's inputs.
 - The feed-forward of layer i is a `SparseMoeBlock` when num_experts > 0, i not in
   mlp_only_layers and (i + 1) % decoder_sparse_step == 0; a dense gated MLP otherwise.
 Attention, norms and the decoder layer are Qwen3.5's (same math in transformers).
@@ -78,23 +80,13 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNetBase):
         self.rows_by_kind = True
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        if not self.rows_by_kind:  # models/loader.py's load_model runs post_load after every load
+            raise RuntimeError("Qwen3NextGatedDeltaNet needs post_load() (the projection rows by kind) "
+                               "before its first forward")
         num_tokens = hidden.shape[0]
-        if self.rows_by_kind:  # after post_load: column slices of one output
-            mixed_qkv, z, b, a = self.in_proj.concatenated(hidden).split(
-                [2 * self.key_dim + self.value_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
-            z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
-            return self.out_proj(self.mix(mixed_qkv, z, b, a, fb))
-        hk, r = self.num_k_heads, self.v_per_k  # the checkpoint's layout (a module never post_loaded)
-        qkvz = self.in_proj_qkvz(hidden).view(num_tokens, hk, -1)  # [T, Hk, 2Dk + 2rDv]
-        rdv = r * self.head_v_dim
-        q, k, v, z = torch.split(qkvz, [self.head_k_dim, self.head_k_dim, rdv, rdv], dim=-1)
-        mixed_qkv = torch.cat(  # [T, Hk*Dk | Hk*Dk | HV*Dv]
-            [q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)], dim=-1
-        )
-        z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)  # [T, HV, Dv]
-        b, a = torch.split(self.in_proj_ba(hidden).view(num_tokens, hk, 2 * r), [r, r], dim=-1)  # [T, Hk, r]
-        b = b.reshape(num_tokens, self.num_v_heads)  # [T, HV]
-        a = a.reshape(num_tokens, self.num_v_heads)
+        mixed_qkv, z, b, a = self.in_proj.concatenated(hidden).split(  # column slices of one output
+            [2 * self.key_dim + self.value_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
+        z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.mix(mixed_qkv, z, b, a, fb))
 
 

@@ -20,6 +20,31 @@ def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
+def _fp32_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                 scale: float | None, use_qk_l2norm: bool) -> tuple[torch.Tensor, ...]:
+    """Both references' inputs in fp32: q, k L2-normalised (if asked) and expanded to the value
+    heads ([T, HV, Dk]), q scaled; v, g, beta as given."""
+    num_k_heads, num_v_heads = q.shape[1], v.shape[1]
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"value heads {num_v_heads} not a multiple of key heads {num_k_heads}")
+    rep = num_v_heads // num_k_heads
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q, k = l2norm_ref(q), l2norm_ref(k)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if rep > 1:
+        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)  # [T, HV, Dk]
+    return q, k, v, g, beta
+
+
+def _initial_state(ssm_states: torch.Tensor, slot: int, v: torch.Tensor) -> torch.Tensor:
+    """A row's starting state [HV, Dk, Dv] in fp32: its slot's (copied), or zeros for a negative
+    slot. v: [T, HV, Dv] fp32."""
+    if slot >= 0:
+        return ssm_states[slot].float().clone()
+    return v.new_zeros(v.shape[1], ssm_states.shape[-2], v.shape[-1])
+
+
 def gated_delta_rule_varlen_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, ssm_states: torch.Tensor,
     state_slots: list[int], cu_seqlens: list[int], scale: float | None = None, use_qk_l2norm: bool = True,
@@ -30,25 +55,13 @@ def gated_delta_rule_varlen_ref(
     cu_seqlens: [B+1] host list; checkpoints: (batch row, offset, state slot) triples.
     Returns o: [T, HV, Dv] in v's dtype.
     """
-    num_k_heads, num_v_heads = q.shape[1], v.shape[1]
-    if num_v_heads % num_k_heads:
-        raise ValueError(f"value heads {num_v_heads} not a multiple of key heads {num_k_heads}")
-    rep = num_v_heads // num_k_heads
     out_dtype = v.dtype
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    if use_qk_l2norm:
-        q, k = l2norm_ref(q), l2norm_ref(k)
-    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if rep > 1:
-        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)  # [T, HV, Dk]
+    q, k, v, g, beta = _fp32_inputs(q, k, v, g, beta, scale, use_qk_l2norm)
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
     snapshots = {(row, offset): slot for row, offset, slot in checkpoints}
     for b, slot in enumerate(state_slots):
         start, end = cu_seqlens[b], cu_seqlens[b + 1]
-        if slot >= 0:
-            state = ssm_states[slot].float().clone()  # [HV, Dk, Dv]
-        else:
-            state = v.new_zeros(num_v_heads, q.shape[-1], v.shape[-1])
+        state = _initial_state(ssm_states, slot, v)
         for t in range(start, end):
             if (b, t - start) in snapshots:
                 ssm_states[snapshots[b, t - start]] = state.to(ssm_states.dtype)
@@ -80,35 +93,20 @@ def gated_delta_rule_varlen_chunked_ref(
 
     (the token recurrence S_t = a_t S_{t-1} + k_t delta_t^T unrolled). Chunks also end at every
     checkpoint offset, whose state is copied out before the chunk that starts there."""
-    num_k_heads, num_v_heads = q.shape[1], v.shape[1]
-    if num_v_heads % num_k_heads:
-        raise ValueError(f"value heads {num_v_heads} not a multiple of key heads {num_k_heads}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    rep = num_v_heads // num_k_heads
     out_dtype = v.dtype
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    if use_qk_l2norm:
-        q, k = l2norm_ref(q), l2norm_ref(k)
-    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if rep > 1:
-        q, k = q.repeat_interleave(rep, dim=1), k.repeat_interleave(rep, dim=1)  # [T, HV, Dk]
+    q, k, v, g, beta = _fp32_inputs(q, k, v, g, beta, scale, use_qk_l2norm)
     # head-major: [HV, T, D] and [HV, T]
-    q, k, v = (t.transpose(0, 1) for t in (q, k, v))
-    g, beta = g.transpose(0, 1), beta.transpose(0, 1)
+    q, k, v, g, beta = (t.transpose(0, 1) for t in (q, k, v, g, beta))
     out = torch.empty(v.shape, dtype=torch.float32, device=v.device)  # [HV, T, Dv]
-    cuts: dict[int, list[int]] = {}
-    for row, offset, _ in checkpoints:
-        cuts.setdefault(row, []).append(offset)
     snapshots = {(row, offset): slot for row, offset, slot in checkpoints}
     for b, slot in enumerate(state_slots):
         start, end = cu_seqlens[b], cu_seqlens[b + 1]
-        if slot >= 0:
-            state = ssm_states[slot].float().clone()  # [HV, Dk, Dv]
-        else:
-            state = v.new_zeros(num_v_heads, q.shape[-1], v.shape[-1])
-        bounds = sorted({*range(0, end - start, chunk), *(o for o in cuts.get(b, []) if 0 < o < end - start)})
-        for c0, c1 in zip(bounds, bounds[1:] + [end - start]):
+        state = _initial_state(ssm_states, slot, v.transpose(0, 1))
+        n = end - start
+        bounds = sorted({*range(0, n, chunk), *(o for row, o in snapshots if row == b and 0 < o < n)})
+        for c0, c1 in zip(bounds, bounds[1:] + [n]):
             if (b, c0) in snapshots:
                 ssm_states[snapshots[b, c0]] = state.to(ssm_states.dtype)
             t0, t1 = start + c0, start + c1

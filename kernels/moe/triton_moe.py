@@ -32,6 +32,7 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from ..switch import moe_one_row_tiles_allowed
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import TL_DTYPE
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -185,9 +186,6 @@ def _combine_topk_kernel(y_ptr, out_ptr, shared_ptr, gate_ptr, hidden, stride_sh
     tl.store(out_ptr + t * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-
-
 def _align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
     """-> sorted_rows [max_tiles*BM] (assignment ids, A = padding), tile_expert [max_tiles]."""
     flat = topk_ids.flatten()  # [A]
@@ -290,7 +288,7 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
         y, out, shared if shared is not None else y, shared_gate if shared_gate is not None else y, hidden,
         shared.stride(0) if shared is not None else 0, shared_gate.stride(0) if shared_gate is not None else 0,
         TOP_K=top_k, BLOCK_H=block_h, HAS_SHARED=shared is not None, HAS_GATE=shared_gate is not None,
-        GATE_DTYPE=_TL_DTYPE[x.dtype])
+        GATE_DTYPE=TL_DTYPE[x.dtype])
     return out
 
 

@@ -20,9 +20,9 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import TL_DTYPE
 
 MODE_PLAIN, MODE_ZERO_CENTER, MODE_GATED, MODE_GATE_FIRST, MODE_FP32_WEIGHT = 0, 1, 2, 3, 4
-_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
@@ -102,7 +102,7 @@ def _launch(x, gate, weight, eps, mode, out_dtype, out, group_size=None):
         x3, g3, weight, y3, num_rows, n_inner, float(eps),
         x3.stride(0), x3.stride(1), g3.stride(0), g3.stride(1), y3.stride(0), y3.stride(1),
         dim if group_size is not None else 0,
-        D=dim, BD=block_d, BLOCK_R=block_r, MODE=mode, X_DTYPE=_TL_DTYPE[x.dtype], PROD_DTYPE=_TL_DTYPE[prod],
+        D=dim, BD=block_d, BLOCK_R=block_r, MODE=mode, X_DTYPE=TL_DTYPE[x.dtype], PROD_DTYPE=TL_DTYPE[prod],
         num_warps=4 if block_d * block_r >= 2048 else 2,
     )
     return out

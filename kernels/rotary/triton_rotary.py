@@ -18,8 +18,8 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import TL_DTYPE
 
-_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def rotary_neox(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q_out.stride(0), q_out.stride(1),
         k_out.stride(0), k_out.stride(1),
         HALF=half, BHALF=next_pow2(half), D=head_dim, BPASS=next_pow2(max(head_dim - 2 * half, 1)),
-        BHQ=next_pow2(num_q_heads), BHK=next_pow2(k.shape[1]), TABLE_DTYPE=_TL_DTYPE[q.dtype],
+        BHQ=next_pow2(num_q_heads), BHK=next_pow2(k.shape[1]), TABLE_DTYPE=TL_DTYPE[q.dtype],
         COPY_PASS=(not inplace) and head_dim > 2 * half,
     )
     return q_out, k_out

@@ -41,10 +41,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     (fp32 accumulation left unrounded, for a tensor-parallel reduce). On the kernel path bf16/fp16
     rows go through kernels/linear: one row (skinny kernel) or up to 16 (tensor-core few-rows
     kernel: a verify row, a small decode batch); everything else to torch (cuBLAS on CUDA)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    skinny = skinny_rows_limit()
-    if (0 < rows <= max(skinny, few_rows_limit()) and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and use_triton(x)):
+    if few_rows(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
+        rows, skinny = x.numel() // x.shape[-1], skinny_rows_limit()
         flat = x.reshape(rows, x.shape[-1])
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
