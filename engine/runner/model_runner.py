@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ...device_io import copy_to_device, to_device
 from ...distributed import broadcast_from_rank0
 from ...kernels.attention import warm_up_paged_attention
+from ...kernels.attention.cudnn_extend import warm_up_cudnn_extend
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
 from ...models.layers.attention import PagedAttention
@@ -130,10 +131,17 @@ class ModelRunner:
         plans = warm_up_plans(min(max_tokens, self.req_table.max_context), self.state_pool.num_slots)
         for plan in tqdm(plans, desc="Warm-up (kernel shapes)", unit="shape"):
             self.execute(plan)
-        layouts = {m.num_heads for m in self.model.modules() if isinstance(m, PagedAttention)}
-        for num_q_heads in tqdm(sorted(layouts), desc="Warm-up (attention variants)", unit="layout"):
+        attn = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        for num_q_heads in tqdm(sorted({m.num_heads for m in attn}), desc="Warm-up (attention variants)", unit="layout"):
             warm_up_paged_attention(num_q_heads, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0],
                                     self.req_table.req_to_token)
+        # long prompt rows on cuDNN (kernels/attention/cudnn_extend.py): every padded shape's plan
+        shapes = {(m.num_heads, m.num_kv_heads, m.head_dim, self.kv_pool.v_buffers[m.attn_layer_id].shape[-1], m.scale)
+                  for m in attn}
+        for heads, kv_heads, dim, v_dim, scale in tqdm(sorted(shapes), desc="Warm-up (cuDNN attention plans)",
+                                                       unit="layout", disable=not shapes):
+            warm_up_cudnn_extend(heads, kv_heads, dim, v_dim, scale, activation_dtype(self.model), self.device,
+                                 min(max_tokens, self.req_table.max_context), self.req_table.max_context)
         torch.cuda.synchronize(self.device)
 
     def _logits_eager(self, plan: StepPlan) -> torch.Tensor | None:
@@ -277,6 +285,11 @@ def warm_up_plans(limit: int, num_state_slots: int) -> list[StepPlan]:
     return [StepPlan(req_rows=[0] * len(lens), prefix_lens=[0] * len(lens), extend_lens=lens,
                      input_ids=[0] * sum(lens), sample_rows=list(range(len(lens))), checkpoints=checkpoints)
             for lens, checkpoints in plans]
+
+
+def activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype a model computes in: its first half-precision parameter's (fp32 without one)."""
+    return next((p.dtype for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)), torch.float32)
 
 
 def graph_pool_bytes(device: torch.device) -> int:

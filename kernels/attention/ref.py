@@ -60,3 +60,24 @@ def paged_attention_ref(
         out[start : start + extend_len] = torch.einsum("hls,shd->lhd", probs, v)
         start += extend_len
     return out
+
+
+def merge_attention_parts_ref(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
+                              out: torch.Tensor, lse_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of the same queries over two disjoint key sets, merged into attention over
+    both. o_a, o_b: [T, H, Dv] (each part's softmax-normalised output); lse_a, lse_b: [T, H]
+    the parts' log-sum-exp of scaled scores (natural log, fp32). Writes out [T, H, Dv] (its
+    dtype: one rounding) and, if given, lse_out [T, H] = log(exp(lse_a) + exp(lse_b))::
+
+        m = max(lse_a, lse_b),  w_a = exp(lse_a - m),  w_b = exp(lse_b - m)
+        out = (w_a o_a + w_b o_b) / (w_a + w_b),  lse_out = m + log(w_a + w_b)
+    """
+    la, lb = lse_a.float(), lse_b.float()
+    m = torch.maximum(la, lb)
+    wa, wb = torch.exp(la - m), torch.exp(lb - m)
+    total = wa + wb
+    merged = (o_a.float() * wa[..., None] + o_b.float() * wb[..., None]) / total[..., None]
+    out.copy_(merged.to(out.dtype))
+    if lse_out is not None:
+        lse_out.copy_(m + torch.log(total))
+    return out

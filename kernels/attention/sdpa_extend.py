@@ -1,18 +1,20 @@
-"""Extend attention for a few long rows through torch's scaled_dot_product_attention (the
-flash kernels on CUDA: 580 TFLOP/s for head_dim 256 on an H100, 2.3x our Triton extend
-kernel, benchmarks/prefill_kernels_tune.py). Per row: its cached prefix K/V gathered from
-the paged pool into one contiguous tensor with the step's own keys, then causal attention
-aligned bottom-right (token i of the step sees positions <= prefix + i)::
+"""Extend attention for a few long rows through torch's scaled_dot_product_attention. Per
+row: its cached prefix K/V gathered from the paged pool into one contiguous tensor with the
+step's own keys, then causal attention aligned bottom-right (token i of the step sees
+positions <= prefix + i)::
 
     keys   = cat(k_cache[req_to_token[row, :prefix]], k[new tokens])     [prefix + ext, Hkv, D]
     o[new] = sdpa(q[new], keys, values, causal lower-right, GQA)
 
 Host lists (prefix and new-token counts per row) come from the step plan: no sync.
 
-cuDNN's backend is left out: it builds an execution plan for every new sequence length it
-meets (milliseconds of host time each; serving meets a new prompt length in most steps), and
-on an H100 torch prefers it when allowed. Flash (then the memory-efficient kernels, then
-plain math) needs no per-shape set-up.
+Two backends. Rows of at least 2,048 new tokens on Hopper go to cuDNN's fused attention at a
+bounded set of padded shapes whose plans the warm-up builds (cudnn_extend.py: ~2x the flash
+kernel at head dim 256 on an H200). The rest take the flash kernels (then the memory-efficient
+kernels, then plain math) through SDPA, which need no per-shape set-up: SDPA's own cuDNN
+choice is left out, since it builds an execution plan for every new sequence length it meets
+(45-75 ms of host time each; serving meets a new prompt length in most steps), and torch
+prefers it on an H100 when allowed.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
+
+from .cudnn_extend import attend_row_split, cudnn_usable, split_row
 
 SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -32,13 +36,21 @@ def extend_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
     k: [T, Hkv, D]; v: [T, Hkv, Dv] this step's keys/values; k_cache, v_cache: the pool;
     req_to_token: [rows+1, max_context]; req_rows, prefix_lens: [B], cu_seqlens: [B+1] host
     lists. Returns out."""
+    cudnn = cudnn_usable(q)
     for b in rows:
         lo, hi, prefix = cu_seqlens[b], cu_seqlens[b + 1], prefix_lens[b]
         keys, values = k[lo:hi], v[lo:hi]
+        split = split_row(prefix, hi - lo) if cudnn else None
         if prefix:
             slots = req_to_token[req_rows[b], :prefix].long()
-            keys = torch.cat([k_cache.index_select(0, slots).to(k.dtype), keys])
-            values = torch.cat([v_cache.index_select(0, slots).to(v.dtype), values])
+            cached_k, cached_v = k_cache.index_select(0, slots).to(k.dtype), v_cache.index_select(0, slots).to(v.dtype)
+        else:
+            cached_k, cached_v = k[lo:lo], v[lo:lo]
+        if split is not None:
+            attend_row_split(q[lo:hi], keys, values, cached_k, cached_v, split, scale, out[lo:hi])
+            continue
+        if prefix:
+            keys, values = torch.cat([cached_k, keys]), torch.cat([cached_v, values])
         qb = q[lo:hi].transpose(0, 1)[None]  # [1, Hq, L, D]
         kb, vb = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]  # [1, Hkv, S, D]
         mask = causal_lower_right(hi - lo, keys.shape[0]) if prefix else None

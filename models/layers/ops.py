@@ -136,8 +136,9 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 # new keys read contiguously, one q head per program); shorter rows (decode, verify) the paged
 # kernel, whose token-major rows share each K/V tile across a GQA group.
 EXTEND_ATTENTION_MIN_TOKENS = 32
-# A step with at most this many long rows gives each to torch's SDPA (flash kernels, 2.3x our
-# Triton extend kernel at head_dim 256 on an H100); more long rows share one extend launch.
+# A step with at most this many long rows gives each to kernels/attention/sdpa_extend.py (cuDNN
+# at padded shapes for rows of 2,048+ tokens on Hopper, torch's flash kernels for the rest);
+# more long rows share one extend launch.
 SDPA_MAX_ROWS = 4
 
 
