@@ -19,6 +19,18 @@ def qwen3_5_2p3b():
                              vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=False)
 
 
+def qwen3_5_30m_cpu():
+    """The demo's layout (8 layers, GDN:attention 3:1) at hidden 512: 29M parameters, 2.6x the
+    demo's 11M. A CPU model whose prompt work, not the serving path around it, makes a
+    multi-turn workload's TTFT (the router benchmark on a 2-core machine)."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(hidden_size=512, num_hidden_layers=8, intermediate_size=1536, num_attention_heads=8,
+                             num_key_value_heads=2, head_dim=64, linear_num_key_heads=4, linear_num_value_heads=8,
+                             linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                             vocab_size=4096, max_position_embeddings=8192, tie_word_embeddings=True)
+
+
 def qwen3_5_1b():
     cfg = qwen3_5_2p3b()
     cfg.num_hidden_layers = 12
@@ -138,7 +150,7 @@ def falcon_h1_0p5b():
                           tie_word_embeddings=False)
 
 
-CONFIGS = {"qwen3_5_2p3b": qwen3_5_2p3b, "qwen3_5_1b": qwen3_5_1b, "qwen3_next_1b": qwen3_next_1b,
+CONFIGS = {"qwen3_5_2p3b": qwen3_5_2p3b, "qwen3_5_1b": qwen3_5_1b, "qwen3_5_30m_cpu": qwen3_5_30m_cpu, "qwen3_next_1b": qwen3_next_1b,
            "qwen3_next_80b_a3b": qwen3_next_80b_a3b, "qwen3_next_80b_12l": qwen3_next_80b_12l,
            "lfm2_1b": lfm2_1b, "nemotron_h_1b": nemotron_h_1b, "qwen3_5_moe_35b_a3b": qwen3_5_moe_35b_a3b,
            "lfm2_moe_8b_a1b": lfm2_moe_8b_a1b, "bamba_9b": bamba_9b, "granite_4_0_h_tiny": granite_4_0_h_tiny,
