@@ -88,11 +88,11 @@ PartFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, float], tuple
 def cudnn_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One cuDNN call. q: [L, Hq, D], k: [S, Hkv, D], v: [S, Hkv, Dv] (contiguous buffers:
-    the shapes and strides key cuDNN's plan cache). Returns (o [L, Hq, Dv] view, lse [L, Hq]
-    fp32 view); causal is top-left aligned."""
-    hq, hkv = q.shape[1], k.shape[1]
-    if hkv != hq:  # the op takes equal head counts
-        k, v = k.repeat_interleave(hq // hkv, dim=1), v.repeat_interleave(hq // hkv, dim=1)
+    the shapes and strides key cuDNN's plan cache; Hq a multiple of Hkv: cuDNN groups the
+    query heads itself, the same bits as repeating the KV heads, 5-8% faster and a third of
+    the memory on an H200). Returns (o [L, Hq, Dv] view, lse [L, Hq] fp32 view); causal is
+    top-left aligned."""
+    hq = q.shape[1]
     o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None, True, 0.0, causal, False,
         scale=scale)[:2]
