@@ -129,3 +129,34 @@ def test_cudnn_split_matches_flash_at_serving_shapes(prefix, new):
             q.transpose(0, 1)[None], keys.transpose(0, 1)[None], vals.transpose(0, 1)[None], attn_mask=mask,
             is_causal=not prefix, enable_gqa=True)[0].transpose(0, 1)
     assert rel_err(out, want) < 1e-2
+
+
+@pytest.mark.parametrize("max_tokens,max_context", [(8192, 32784), (8192, 8192), (16384, 131072), (2048, 4096)])
+def test_warm_up_builds_every_shape_a_row_can_ask_for(monkeypatch, max_tokens, max_context):
+    """No plan is built after ready: every cuDNN call `split_row` can lead to, for rows of up to
+    max_tokens new tokens in contexts up to max_context, has the shape of a warm-up call."""
+    calls = []
+
+    def record(q, k, v, causal, scale):
+        calls.append((q.shape[0], k.shape[0], causal))
+        return q, torch.zeros(q.shape[0], q.shape[1])
+
+    monkeypatch.setattr(ce, "cudnn_part", record)
+    monkeypatch.setattr(ce, "_cudnn_ready", lambda device: True)
+    monkeypatch.setattr(ce, "cudnn_usable", lambda q: True)
+    built = ce.warm_up_cudnn_extend(16, 2, 8, 8, 0.1, torch.bfloat16, torch.device("cpu"), max_tokens, max_context)
+    warmed = set(calls)
+    assert built == len(warmed) > 0
+    needed = set()
+    step = 256  # prefixes and rows at page-ish granularity, plus the edges
+    for new in sorted({*range(ce.CUDNN_MIN_TOKENS, max_tokens + 1, step), ce.CUDNN_MIN_TOKENS, max_tokens}):
+        for prefix in sorted({*range(0, max_context - new + 1, step * 4), max_context - new, 8191, 8192, 8193}):
+            if prefix < 0 or prefix + new > max_context:
+                continue
+            split = ce.split_row(prefix, new)
+            if split is None:
+                continue
+            needed.add((split.square, split.square, True))
+            if split.prefix_blocks:
+                needed.add((split.q_rows, ce.PREFIX_BLOCK, False))
+    assert needed <= warmed, sorted(needed - warmed)[:5]
