@@ -26,11 +26,14 @@ Elsewhere (other GPUs, short rows, a long prefix tail with few new tokens) rows 
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 CUDNN_MIN_TOKENS = 2048  # new tokens of a row below which flash keeps it (its attention is small)
 LEN_GRANULE = 1024  # padded lengths are multiples of this
@@ -63,12 +66,21 @@ def split_row(prefix: int, new: int) -> RowSplit | None:
     return split if padded <= CUDNN_COST_MARGIN * (new * prefix + new * new / 2) else None
 
 
-def cudnn_usable(q: torch.Tensor) -> bool:
-    """Hopper (sm_90), cuDNN present, this torch exposes the cuDNN attention op with its LSE."""
+def cudnn_usable(q: torch.Tensor, num_kv_heads: int, v_head_dim: int) -> bool:
+    """Hopper (sm_90), cuDNN present, this torch exposes the cuDNN attention op with its LSE,
+    head dims cuDNN takes, and a layout whose warm-up cuDNN did not refuse. q: [T, Hq, D]."""
     if not (ENABLED[0] and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)):
         return False
-    return _cudnn_ready(q.device)
+    layout = (q.shape[-2], num_kv_heads, q.shape[-1], v_head_dim)
+    return head_dims_supported(q.shape[-1], v_head_dim) and layout not in _REFUSED and _cudnn_ready(q.device)
 
+
+def head_dims_supported(head_dim: int, v_head_dim: int) -> bool:
+    """cuDNN's fused attention on Hopper: head dims up to 256, multiples of 8."""
+    return all(0 < d <= 256 and d % 8 == 0 for d in (head_dim, v_head_dim))
+
+
+_REFUSED: set = set()  # (q heads, KV heads, head dim, v head dim) whose plans cuDNN would not build
 
 _READY: dict = {}
 
@@ -157,7 +169,8 @@ def warm_up_cudnn_extend(num_q_heads: int, num_kv_heads: int, head_dim: int, v_h
     """Build cuDNN's plan for every shape `split_row` can ask for, rows of up to max_tokens
     new tokens in contexts of up to max_context (the engine calls this before it says ready).
     Returns the number of shapes run (0 where the path is off)."""
-    if not cudnn_usable(torch.empty(0, dtype=dtype, device=device)) or max_tokens < CUDNN_MIN_TOKENS:
+    probe = torch.empty((0, num_q_heads, head_dim), dtype=dtype, device=device)
+    if not cudnn_usable(probe, num_kv_heads, v_head_dim) or max_tokens < CUDNN_MIN_TOKENS:
         return 0
     first = bucket(CUDNN_MIN_TOKENS)
     squares = range(first, bucket(min(PREFIX_BLOCK - 1 + max_tokens, max_context)) + 1, LEN_GRANULE)
@@ -166,10 +179,16 @@ def warm_up_cudnn_extend(num_q_heads: int, num_kv_heads: int, head_dim: int, v_h
     def zeros(rows: int, heads: int, dim: int) -> torch.Tensor:
         return torch.zeros((rows, heads, dim), dtype=dtype, device=device)
 
-    for length in squares:
-        cudnn_part(zeros(length, num_q_heads, head_dim), zeros(length, num_kv_heads, head_dim),
-                   zeros(length, num_kv_heads, v_head_dim), True, scale)
-    for rows in q_rows:
-        cudnn_part(zeros(rows, num_q_heads, head_dim), zeros(PREFIX_BLOCK, num_kv_heads, head_dim),
-                   zeros(PREFIX_BLOCK, num_kv_heads, v_head_dim), False, scale)
+    try:
+        for length in squares:
+            cudnn_part(zeros(length, num_q_heads, head_dim), zeros(length, num_kv_heads, head_dim),
+                       zeros(length, num_kv_heads, v_head_dim), True, scale)
+        for rows in q_rows:
+            cudnn_part(zeros(rows, num_q_heads, head_dim), zeros(PREFIX_BLOCK, num_kv_heads, head_dim),
+                       zeros(PREFIX_BLOCK, num_kv_heads, v_head_dim), False, scale)
+    except RuntimeError as exc:  # this cuDNN / torch refuses the layout: its rows keep flash
+        _REFUSED.add((num_q_heads, num_kv_heads, head_dim, v_head_dim))
+        logger.warning("cuDNN attention refused %d q / %d KV heads of dims %d / %d (%s); those prompt rows "
+                       "use the flash kernel", num_q_heads, num_kv_heads, head_dim, v_head_dim, str(exc)[:200])
+        return 0
     return len(squares) + len(q_rows)

@@ -36,7 +36,7 @@ def extend_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
     k: [T, Hkv, D]; v: [T, Hkv, Dv] this step's keys/values; k_cache, v_cache: the pool;
     req_to_token: [rows+1, max_context]; req_rows, prefix_lens: [B], cu_seqlens: [B+1] host
     lists. Returns out."""
-    cudnn = cudnn_usable(q)
+    cudnn = cudnn_usable(q, k.shape[1], v.shape[-1])
     for b in rows:
         lo, hi, prefix = cu_seqlens[b], cu_seqlens[b + 1], prefix_lens[b]
         keys, values = k[lo:hi], v[lo:hi]

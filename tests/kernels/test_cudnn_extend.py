@@ -112,7 +112,7 @@ def test_cudnn_split_matches_flash_at_serving_shapes(prefix, new):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
-    if not ce.cudnn_usable(torch.empty(0, device="cuda", dtype=torch.bfloat16)):
+    if not ce.cudnn_usable(torch.empty(0, 16, 256, device="cuda", dtype=torch.bfloat16), 2, 256):
         pytest.skip("cuDNN attention path is off on this GPU")
     g = torch.Generator(device="cuda").manual_seed(0)
     hq, hkv, d = 16, 2, 256
@@ -143,7 +143,7 @@ def test_warm_up_builds_every_shape_a_row_can_ask_for(monkeypatch, max_tokens, m
 
     monkeypatch.setattr(ce, "cudnn_part", record)
     monkeypatch.setattr(ce, "_cudnn_ready", lambda device: True)
-    monkeypatch.setattr(ce, "cudnn_usable", lambda q: True)
+    monkeypatch.setattr(ce, "cudnn_usable", lambda q, kv_heads, v_dim: True)
     built = ce.warm_up_cudnn_extend(16, 2, 8, 8, 0.1, torch.bfloat16, torch.device("cpu"), max_tokens, max_context)
     warmed = set(calls)
     assert built == len(warmed) > 0
@@ -160,3 +160,22 @@ def test_warm_up_builds_every_shape_a_row_can_ask_for(monkeypatch, max_tokens, m
             if split.prefix_blocks:
                 needed.add((split.q_rows, ce.PREFIX_BLOCK, False))
     assert needed <= warmed, sorted(needed - warmed)[:5]
+
+
+def test_head_dims_and_a_refused_layout_keep_flash(monkeypatch):
+    assert ce.head_dims_supported(256, 256) and ce.head_dims_supported(64, 128)
+    assert not ce.head_dims_supported(512, 512) and not ce.head_dims_supported(100, 128)
+
+    def refuse(q, k, v, causal, scale):
+        raise RuntimeError("cuDNN Frontend error: no valid execution plan")
+
+    monkeypatch.setattr(ce, "cudnn_part", refuse)
+    monkeypatch.setattr(ce, "_cudnn_ready", lambda device: True)
+    monkeypatch.setattr(ce, "_REFUSED", set())
+    probe = torch.empty(0, 16, 256, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the checks up to the device
+    assert ce.cudnn_usable(probe, 2, 256)
+    assert ce.warm_up_cudnn_extend(16, 2, 256, 256, 0.1, torch.bfloat16, torch.device("cpu"), 8192, 32768) == 0
+    assert not ce.cudnn_usable(probe, 2, 256)  # that layout's rows go to flash from now on
+    assert ce.cudnn_usable(torch.empty(0, 8, 128, dtype=torch.bfloat16), 2, 128)  # others are unaffected
+    assert not ce.cudnn_usable(torch.empty(0, 8, 512, dtype=torch.bfloat16), 2, 512)  # head dim 512: flash
