@@ -147,8 +147,11 @@ def attend_row_split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix_k
     if split.prefix_blocks == 0:
         out.copy_(o)
         return out
-    qa = q.new_zeros((split.q_rows, hq, q.shape[2]))
-    qa[:n] = q
+    if r == 0:  # no tail: part B's padded queries are already [q | zeros] of q_rows = bucket(n) rows
+        qa = qb
+    else:
+        qa = q.new_zeros((split.q_rows, hq, q.shape[2]))
+        qa[:n] = q
     acc, lse_acc = o, lse  # merged in order: part B, then each prefix block; the last merge writes out
     for i in range(split.prefix_blocks):
         lo = i * PREFIX_BLOCK

@@ -40,13 +40,13 @@ def merge_attention_parts(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Ten
     """merge_attention_parts_ref's contract (ref.py) in one launch. o_a, o_b, out: [T, H, Dv]
     with a contiguous last dim; lse_a, lse_b, lse_out: [T, H] fp32, any strides."""
     check_launch_device("merge_attention_parts", out)
+    check_tensor("out", out, ndim=3)
     num_tokens, heads, dv = out.shape
     for name, t in (("o_a", o_a), ("o_b", o_b)):
         check_tensor(name, t, ndim=3, shape=(num_tokens, heads, dv), device=out.device)
     for name, t in (("lse_a", lse_a), ("lse_b", lse_b)) + ((("lse_out", lse_out),) if lse_out is not None else ()):
         check_tensor(name, t, ndim=2, dtypes=(torch.float32,), shape=(num_tokens, heads), last_contiguous=False,
                      device=out.device)
-    check_tensor("out", out, ndim=3)
     if num_tokens == 0 or heads == 0:
         return out
     lo = lse_out if lse_out is not None else lse_a

@@ -60,6 +60,8 @@ def test_merge_rejects_bad_shapes():
         merge_attention_parts(o, lse, torch.zeros(4, 3, 8, device=DEVICE), lse, o)
     with pytest.raises(ValueError, match="lse_a"):
         merge_attention_parts(o, lse.double(), o, lse, o)
+    with pytest.raises(ValueError, match="out"):  # a clear error, not a failed unpacking
+        merge_attention_parts(o, lse, o, lse, o[:, 0])
 
 
 def test_split_row_at_serving_constants():
