@@ -15,7 +15,9 @@
 #        ADDRESS (auto: `ray start` here first; local: each server its own Ray),
 #        ENGINE_PROCESS ("": the app's default; "off on": an HTTP run per setting, each the engine
 #        on a thread of the replica / in an engine process, files and summary keys tagged _ep0/_ep1),
-#        INGRESS ("": the app's default; e.g. "1 4": an HTTP run per count of ingress replicas, tagged _in1/_in4)
+#        INGRESS ("": the app's default; e.g. "1 4": an HTTP run per count of ingress replicas, tagged _in1/_in4),
+#        SERVE_MODES ("default"; e.g. "default throughput": the HTTP runs again in a Ray started with
+#        RAY_SERVE_THROUGHPUT_OPTIMIZED=1, Ray Serve's throughput mode, tagged _to; ADDRESS=auto only)
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -66,6 +68,10 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   # A Ray started as a user would, without the dashboard (the device's Ray bundle has none);
   # ADDRESS=local instead lets each server start (and stop) its own Ray (the CPU smoke test).
   ADDRESS=${ADDRESS:-auto}
+  for mode in ${SERVE_MODES:-default}; do
+  MODE_TAG=""
+  if [ "$mode" = "throughput" ]; then export RAY_SERVE_THROUGHPUT_OPTIMIZED=1; MODE_TAG="_to"
+  else unset RAY_SERVE_THROUGHPUT_OPTIMIZED; fi
   [ "$ADDRESS" = "auto" ] && { ray_cli start --head --include-dashboard=false --disable-usage-stats >/dev/null 2>&1 \
     || log "ray start failed"; }
   for s in $SEQS; do
@@ -74,7 +80,8 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
     case "$ep" in on) EP_FLAG="--engine-process"; TAG="_ep1";; off) EP_FLAG="--no-engine-process"; TAG="_ep0";;
                   *) EP_FLAG=""; TAG="";; esac
     [ "$ing" != "default" ] && { EP_FLAG="$EP_FLAG --ingress-replicas $ing"; TAG="${TAG}_in$ing"; }
-    log "== HTTP, max_num_seqs $s ${EP_FLAG}"
+    TAG="$TAG$MODE_TAG"
+    log "== HTTP, max_num_seqs $s ${EP_FLAG} serve mode $mode"
     SERVE="python3 benchmarks/serve_app_args.py '$APP_ARGS' $MODEL_FLAGS --dtype $DTYPE --device $DEVICE --max-num-seqs $s \
       --served-model-name bench --port $PORT --address $ADDRESS $EP_FLAG"
     # --range-ratio 1.0: serve_bench follows sglang (1.0 = every length exactly as given)
@@ -91,7 +98,8 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   done
   done
   done
-  [ "$ADDRESS" = "auto" ] && ray_cli stop --force >/dev/null 2>&1
+  [ "$ADDRESS" = "auto" ] && { ray_cli stop --force >/dev/null 2>&1; sleep 3; }
+  done
 fi
 
 python3 - "$OUT" $SEQS <<'EOF' 2>&1 | tee -a "$LOG"
