@@ -14,9 +14,9 @@ if TYPE_CHECKING:
 # Defaults by device. CUDA: a step of up to 8192 tokens and a prompt chunk of 8192 fill an
 # H100's tensor cores (vLLM and SGLang default to 8192 there too), 256 running sequences, and a
 # decode graph for every batch size. CPU: steps of at most 512 tokens, so a decoding request
-# waits for at most one of them; a prompt chunk of 256, since each CPU step has a fixed cost
-# of ~30 ms in the demo model (op dispatch across its layers): a 1,024-token prompt of the
-# demo takes 350-410 ms in chunks of 256 and 700-730 ms in chunks of 64 (2 cores, 2026-11-29).
+# waits for at most one of them; a prompt chunk of 256, since a CPU prompt step costs ~30 ms
+# beyond its tokens' share in the demo model: a 1,024-token prompt of the demo takes 350-410 ms
+# in chunks of 256 and 700-730 ms in chunks of 64 (2 cores, 2026-11-29; benchmarks/RESULTS.md).
 DEVICE_DEFAULTS = {
     "cuda": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "chunked_prefill_size": 8192,
              "prefill_hold_steps": 16, "enable_piecewise_graphs": True},
