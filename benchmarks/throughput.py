@@ -162,6 +162,66 @@ print("RESULT", json.dumps({{"elapsed_s": elapsed, "output_tok_s": out_tokens / 
     return {"error": proc.stderr[-2000:]}
 
 
+def run_async(model_dir: str | None, device: str, requests, engine_args: dict, engine_process: bool) -> dict:
+    """The same requests through `AsyncLLMEngine`, as a served replica drives it (the engine in
+    an engine process of its own, or on a thread of this one), all submitted at once from one
+    event loop, each read delta by delta as the replica streams it: the engine's front end
+    without Ray Serve or HTTP. TTFT and TPOT from this process's clock at each delta."""
+    import asyncio
+
+    from hybrid_serve import SamplingParams
+    from hybrid_serve.engine.async_engine import AsyncLLMEngine
+    from hybrid_serve.engine.config import EngineConfig
+
+    kwargs = dict(device=device, **engine_args)
+    if model_dir is not None:
+        kwargs.update(model=model_dir, dtype="bfloat16" if device == "cuda" else "float32", load_format="dummy")
+    else:
+        from hybrid_serve.demo import DEMO_DIR
+
+        kwargs.update(model=DEMO_DIR)
+    engine = AsyncLLMEngine.from_config(EngineConfig(**kwargs), model_name="bench", replica="r0",
+                                        engine_process=engine_process)
+
+    async def one(request_id: str, ids: list[int], n: int) -> tuple[float, float, float, int]:
+        sent, first, tokens = time.perf_counter(), None, 0
+        params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+        async for delta in engine.generate(ids, params, request_id):
+            got = sum(len(s.token_ids) for s in delta.seqs)
+            if got and first is None:
+                first = time.perf_counter()
+            tokens += got
+        return sent, first, time.perf_counter(), tokens
+
+    async def run_all(tag: str, reqs) -> tuple[float, list]:
+        start = time.perf_counter()
+        done = await asyncio.gather(*(one(f"{tag}-{i}", ids, n) for i, (ids, n) in enumerate(reqs)))
+        return time.perf_counter() - start, done
+
+    async def warm_then_measure():
+        await run_all("warm", requests[:min(8, len(requests))])  # compile / warm the shapes
+        return await run_all("run", requests)
+
+    try:
+        elapsed, done = asyncio.run(warm_then_measure())
+    finally:
+        engine.shutdown()
+    out_tokens = sum(d[3] for d in done)
+    in_tokens = sum(len(p) for p, _ in requests)
+    ttft = [first - sent for sent, first, _, _ in done]
+    tpot = [(end - first) / (n - 1) for _, first, end, n in done if n > 1]
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+    return {"api": "async_process" if engine_process else "async_thread", "elapsed_s": elapsed,
+            "output_tok_s": out_tokens / elapsed, "total_tok_s": (in_tokens + out_tokens) / elapsed,
+            "requests_s": len(requests) / elapsed, "ttft": percentiles(ttft), "tpot": percentiles(tpot)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5_2p3b", help="a benchmarks/model_configs.py name, or 'demo'")
@@ -176,6 +236,10 @@ def main() -> None:
     ap.add_argument("--baseline-timeout", type=float, default=1500, help="seconds for each baseline process")
     ap.add_argument("--engine-args", default="{}", help="JSON of extra LLM(...) arguments")
     ap.add_argument("--step-log", action="store_true", help="print per-step wall times (slowest steps)")
+    ap.add_argument("--api", default="llm",
+                    help="comma-separated: llm (LLM.generate), async_process (AsyncLLMEngine with an engine "
+                         "process, as a served replica on CUDA), async_thread (its engine on a thread); the first "
+                         "is 'ours', each other one is reported beside it")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from model_configs import CONFIGS, write_model_dir
@@ -194,7 +258,19 @@ def main() -> None:
             for kind in [b for b in args.baseline.split(",") if b in ("fla", "torch")]:
                 result[f"transformers_{kind}"] = run_transformers(args.model, requests, kind == "fla",
                                                                   args.baseline_batch, args.baseline_timeout)
-        result["ours"] = run_ours(model_dir, args.device, requests, json.loads(args.engine_args), args.step_log)
+        engine_args = json.loads(args.engine_args)
+        for i, api in enumerate(args.api.split(",")):
+            if api == "llm":
+                row = run_ours(model_dir, args.device, requests, engine_args, args.step_log)
+            elif api in ("async_process", "async_thread"):
+                row = run_async(model_dir, args.device, requests, engine_args, api == "async_process")
+            else:
+                raise SystemExit(f"--api: unknown front end {api!r} (llm, async_process, async_thread)")
+            result["ours" if i == 0 else api] = row
+            if i:
+                print(f"{api}: {row['elapsed_s']:.2f} s, output {row['output_tok_s']:.0f} tok/s "
+                      f"({row['output_tok_s'] / result['ours']['output_tok_s']:.3f} of the first), "
+                      f"TTFT p50 {row['ttft']['p50_ms']:.0f} ms, TPOT p50 {row['tpot']['p50_ms']:.2f} ms")
     o = result["ours"]
     print(f"{args.num_prompts} requests, {args.input_len} in / {args.output_len} out: {o['elapsed_s']:.2f} s, "
           f"output {o['output_tok_s']:.0f} tok/s, total {o['total_tok_s']:.0f} tok/s, "
