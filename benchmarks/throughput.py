@@ -162,11 +162,14 @@ print("RESULT", json.dumps({{"elapsed_s": elapsed, "output_tok_s": out_tokens / 
     return {"error": proc.stderr[-2000:]}
 
 
-def run_async(model_dir: str | None, device: str, requests, engine_args: dict, engine_process: bool) -> dict:
+def run_async(model_dir: str | None, device: str, requests, engine_args: dict, engine_process: bool,
+              arrival_spread_s: float = 0.0) -> dict:
     """The same requests through `AsyncLLMEngine`, as a served replica drives it (the engine in
     an engine process of its own, or on a thread of this one), all submitted at once from one
     event loop, each read delta by delta as the replica streams it: the engine's front end
-    without Ray Serve or HTTP. TTFT and TPOT from this process's clock at each delta."""
+    without Ray Serve or HTTP. TTFT and TPOT from this process's clock at each delta.
+    `arrival_spread_s`: request i is submitted i / N of that many seconds after the first (as an
+    HTTP burst reaches the replica over a few hundred ms), each TTFT from its own submission."""
     import asyncio
 
     from hybrid_serve import SamplingParams
@@ -183,7 +186,9 @@ def run_async(model_dir: str | None, device: str, requests, engine_args: dict, e
     engine = AsyncLLMEngine.from_config(EngineConfig(**kwargs), model_name="bench", replica="r0",
                                         engine_process=engine_process)
 
-    async def one(request_id: str, ids: list[int], n: int) -> tuple[float, float, float, int]:
+    async def one(request_id: str, ids: list[int], n: int, delay_s: float = 0.0) -> tuple[float, float, float, int]:
+        if delay_s:
+            await asyncio.sleep(delay_s)
         sent, first, tokens = time.perf_counter(), None, 0
         params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
         async for delta in engine.generate(ids, params, request_id):
@@ -193,14 +198,15 @@ def run_async(model_dir: str | None, device: str, requests, engine_args: dict, e
             tokens += got
         return sent, first, time.perf_counter(), tokens
 
-    async def run_all(tag: str, reqs) -> tuple[float, list]:
+    async def run_all(tag: str, reqs, spread_s: float) -> tuple[float, list]:
         start = time.perf_counter()
-        done = await asyncio.gather(*(one(f"{tag}-{i}", ids, n) for i, (ids, n) in enumerate(reqs)))
+        done = await asyncio.gather(*(one(f"{tag}-{i}", ids, n, spread_s * i / len(reqs))
+                                      for i, (ids, n) in enumerate(reqs)))
         return time.perf_counter() - start, done
 
     async def warm_then_measure():
-        await run_all("warm", requests[:min(8, len(requests))])  # compile / warm the shapes
-        return await run_all("run", requests)
+        await run_all("warm", requests[:min(8, len(requests))], 0.0)  # compile / warm the shapes
+        return await run_all("run", requests, arrival_spread_s)
 
     try:
         elapsed, done = asyncio.run(warm_then_measure())
@@ -217,7 +223,8 @@ def run_async(model_dir: str | None, device: str, requests, engine_args: dict, e
 
         gc.collect()
         torch.cuda.empty_cache()
-    return {"api": "async_process" if engine_process else "async_thread", "elapsed_s": elapsed,
+    return {"api": "async_process" if engine_process else "async_thread", "arrival_spread_s": arrival_spread_s,
+            "elapsed_s": elapsed,
             "output_tok_s": out_tokens / elapsed, "total_tok_s": (in_tokens + out_tokens) / elapsed,
             "requests_s": len(requests) / elapsed, "ttft": percentiles(ttft), "tpot": percentiles(tpot)}
 
@@ -238,8 +245,9 @@ def main() -> None:
     ap.add_argument("--step-log", action="store_true", help="print per-step wall times (slowest steps)")
     ap.add_argument("--api", default="llm",
                     help="comma-separated: llm (LLM.generate), async_process (AsyncLLMEngine with an engine "
-                         "process, as a served replica on CUDA), async_thread (its engine on a thread); the first "
-                         "is 'ours', each other one is reported beside it")
+                         "process, as a served replica on CUDA), async_thread (its engine on a thread); "
+                         "'async_process@0.5': submissions spread over 0.5 s; the first is 'ours', each other "
+                         "one is reported beside it")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from model_configs import CONFIGS, write_model_dir
@@ -262,8 +270,10 @@ def main() -> None:
         for i, api in enumerate(args.api.split(",")):
             if api == "llm":
                 row = run_ours(model_dir, args.device, requests, engine_args, args.step_log)
-            elif api in ("async_process", "async_thread"):
-                row = run_async(model_dir, args.device, requests, engine_args, api == "async_process")
+            elif api.split("@")[0] in ("async_process", "async_thread"):  # "async_process@0.5": arrivals over 0.5 s
+                kind, _, spread = api.partition("@")
+                row = run_async(model_dir, args.device, requests, engine_args, kind == "async_process",
+                                float(spread or 0))
             else:
                 raise SystemExit(f"--api: unknown front end {api!r} (llm, async_process, async_thread)")
             result["ours" if i == 0 else api] = row

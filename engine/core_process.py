@@ -27,6 +27,11 @@ open request with EngineDeadError naming the exit code.
 
 Run as `python -m hybrid_serve.engine.core_process FD` (spawned here, never by hand): a fresh
 interpreter, so nothing of the parent (CUDA, Ray's threads) is inherited.
+
+Diagnostics: with `HYBRID_SERVE_STEP_LOG=PATH` in the environment, the engine process appends
+one line per pass of its loop to PATH: its pid, the monotonic time the pass ended, the deltas
+and tokens it reported, and the load after it (running, waiting, waiting prompt tokens,
+running prompt tokens still to compute). Consecutive times give the step's wall time.
 """
 from __future__ import annotations
 
@@ -196,6 +201,20 @@ def _exit_with_parent(period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+def _open_step_log():
+    """The file `HYBRID_SERVE_STEP_LOG` names, opened to append a line per pass (None if unset)."""
+    path = os.environ.get("HYBRID_SERVE_STEP_LOG")
+    return open(path, "a", buffering=1) if path else None  # line-buffered: a killed process loses nothing
+
+
+def _log_pass(log, report: StepReport) -> None:
+    tokens = sum(len(s.token_ids) for d in report.deltas for s in d.seqs)
+    v = report.view
+    load = (f"{v.num_running} {v.num_waiting} {v.num_waiting_tokens} {v.num_running_prefill_tokens}"
+            if v is not None else "- - - -")
+    log.write(f"{os.getpid()} {report.time:.6f} {len(report.deltas)} {tokens} {load}\n")
+
+
 def child_main(fd: int) -> int:
     _exit_with_parent()
     conn = Connection(fd)
@@ -221,8 +240,12 @@ def child_main(fd: int) -> int:
             commands.append(("stop",))
         return commands
 
+    step_log = _open_step_log()
+
     def emit(report: StepReport) -> None:
         conn.send(("report", report.to_wire()))
+        if step_log is not None:
+            _log_pass(step_log, report)
 
     code = 0
     try:

@@ -43,6 +43,29 @@ def test_conv1d_varlen_matches_transformers_with_chunks(lens):
     assert torch.isnan(conv_states[0]).all() and torch.isnan(conv_states[2]).all()  # untouched
 
 
+@pytest.mark.parametrize("slots", [[2], [-1], [3, -1, 1], [-1, -1]], ids=["one", "one-no-state", "mixed", "none"])
+def test_conv1d_one_token_rows_match_transformers(slots):
+    """A decode batch (one token per row) takes a batched path: each row equals transformers'
+    conv over its window and token, a row without state (negative slot) sees zeros and writes
+    nothing, and the other slots' windows shift by one."""
+    torch.manual_seed(1)
+    dim, width = 6, 4
+    weight, bias = torch.randn(dim, width), torch.randn(dim)
+    conv_states = torch.randn(5, dim, width - 1)
+    before = conv_states.clone()
+    x = torch.randn(len(slots), dim)
+    got = causal_conv1d_varlen_ref(x, weight, bias, conv_states, slots, list(range(len(slots) + 1)), "silu")
+    for b, slot in enumerate(slots):
+        window = before[slot] if slot >= 0 else torch.zeros(dim, width - 1)
+        seq = torch.cat([window, x[b][:, None]], dim=-1)  # [D, K]
+        want = hf.causal_conv1d_fn(seq[None], weight, bias, activation="silu")[0, :, -1]
+        assert _rel(got[b], want) < 1e-6
+        if slot >= 0:
+            assert torch.equal(conv_states[slot], seq[:, 1:])
+    untouched = [s for s in range(5) if s not in slots]
+    assert torch.equal(conv_states[untouched], before[untouched])
+
+
 def test_gated_delta_varlen_matches_transformers_chunk_rule():
     torch.manual_seed(0)
     H, HV, Dk, Dv = 2, 4, 8, 6
