@@ -24,9 +24,18 @@ def ref_llm():
 
 
 @pytest.fixture(scope="module")
-def engine(ref_llm):
-    eng = AsyncLLMEngine.from_config(ref_llm.config, model_name="demo", replica="proc-test", engine_process=True,
-                                     torch_num_threads=1)
+def step_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("steps") / "steps.log"
+
+
+@pytest.fixture(scope="module")
+def engine(ref_llm, step_log):
+    os.environ["HYBRID_SERVE_STEP_LOG"] = str(step_log)  # read by the child when it starts
+    try:
+        eng = AsyncLLMEngine.from_config(ref_llm.config, model_name="demo", replica="proc-test",
+                                         engine_process=True, torch_num_threads=1)
+    finally:
+        del os.environ["HYBRID_SERVE_STEP_LOG"]
     yield eng
     eng.shutdown()
 
@@ -38,7 +47,7 @@ def _wait_for(check, timeout_s=30.0):
         time.sleep(0.01)
 
 
-def test_streams_equal_the_offline_output(ref_llm, engine):
+def test_streams_equal_the_offline_output(ref_llm, engine, step_log):
     assert engine.engine is None and engine.backend.proc.pid != os.getpid()
     assert engine.model_info().max_model_len == 128
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -54,6 +63,12 @@ def test_streams_equal_the_offline_output(ref_llm, engine):
     assert engine.metrics.generation_tokens._value.get() == tokens_before + 36
     _wait_for(lambda: engine.load().num_running == 0)  # (the step after the last tokens frees the rows)
     assert engine.load().max_num_seqs == ref_llm.engine.load_view().max_num_seqs
+    # HYBRID_SERVE_STEP_LOG: a line per pass of the engine's loop, from the engine's pid, its
+    # tokens those the streams got (pid, time, deltas, tokens, running, waiting, 2 token counts)
+    lines = [line.split() for line in step_log.read_text().splitlines()]
+    assert lines and all(len(f) == 8 and f[0] == str(engine.backend.proc.pid) for f in lines)
+    assert sum(int(f[3]) for f in lines) == 36
+    assert [float(f[1]) for f in lines] == sorted(float(f[1]) for f in lines)
 
 
 def test_n2_stop_strings_and_bad_input(ref_llm, engine):
