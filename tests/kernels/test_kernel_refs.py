@@ -66,6 +66,24 @@ def test_conv1d_one_token_rows_match_transformers(slots):
     assert torch.equal(conv_states[untouched], before[untouched])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv1d_one_token_rows_equal_the_per_row_path_bit_for_bit(dtype):
+    """A decode row gives the same bits whether its step is all decode rows (the batched path)
+    or also carries a prompt row (the per-row F.conv1d path): else greedy tokens would depend on
+    what else a step holds (bf16 tp=2 with other prompt chunks against tp=1)."""
+    torch.manual_seed(2)
+    dim, width = 64, 4
+    weight, bias = torch.randn(dim, width).to(dtype), torch.randn(dim).to(dtype)
+    pool = torch.randn(6, dim, width - 1).to(dtype)
+    decode_x, prompt_x = torch.randn(3, dim).to(dtype), torch.randn(5, dim).to(dtype)
+    alone_pool, mixed_pool = pool.clone(), pool.clone()
+    alone = causal_conv1d_varlen_ref(decode_x, weight, bias, alone_pool, [1, 4, 2], [0, 1, 2, 3], "silu")
+    mixed = causal_conv1d_varlen_ref(torch.cat([decode_x, prompt_x]), weight, bias, mixed_pool, [1, 4, 2, 5],
+                                     [0, 1, 2, 3, 8], "silu")
+    assert torch.equal(alone, mixed[:3])
+    assert torch.equal(alone_pool[[1, 4, 2]], mixed_pool[[1, 4, 2]])
+
+
 def test_gated_delta_varlen_matches_transformers_chunk_rule():
     torch.manual_seed(0)
     H, HV, Dk, Dv = 2, 4, 8, 6
