@@ -202,9 +202,16 @@ def _exit_with_parent(period_s: float = 1.0) -> None:
 
 
 def _open_step_log():
-    """The file `HYBRID_SERVE_STEP_LOG` names, opened to append a line per pass (None if unset)."""
+    """The file `HYBRID_SERVE_STEP_LOG` names, opened to append a line per pass (None if unset,
+    or if it cannot be opened: a warning naming it, and the engine serves without the log)."""
     path = os.environ.get("HYBRID_SERVE_STEP_LOG")
-    return open(path, "a", buffering=1) if path else None  # line-buffered: a killed process loses nothing
+    if not path:
+        return None
+    try:
+        return open(path, "a", buffering=1)  # line-buffered: a killed process loses nothing
+    except OSError as exc:
+        logger.warning("HYBRID_SERVE_STEP_LOG=%r cannot be opened (%s): no step log", path, exc)
+        return None
 
 
 def _log_pass(log, report: StepReport) -> None:
@@ -261,6 +268,8 @@ def child_main(fd: int) -> int:
         except OSError:
             pass
     finally:
+        if step_log is not None:
+            step_log.close()
         if tp_setup is not None:
             tp_setup.leave(engine)
     return code

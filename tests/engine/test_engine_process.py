@@ -71,6 +71,17 @@ def test_streams_equal_the_offline_output(ref_llm, engine, step_log):
     assert [float(f[1]) for f in lines] == sorted(float(f[1]) for f in lines)
 
 
+def test_a_step_log_that_cannot_be_opened_is_a_warning(tmp_path, monkeypatch, caplog):
+    from hybrid_serve.engine import core_process
+
+    monkeypatch.setenv("HYBRID_SERVE_STEP_LOG", str(tmp_path))  # a directory: open() fails
+    with caplog.at_level("WARNING"):
+        assert core_process._open_step_log() is None
+    assert "HYBRID_SERVE_STEP_LOG" in caplog.text and str(tmp_path) in caplog.text
+    monkeypatch.delenv("HYBRID_SERVE_STEP_LOG")
+    assert core_process._open_step_log() is None
+
+
 def test_n2_stop_strings_and_bad_input(ref_llm, engine):
     params = SamplingParams(n=2, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)
     _texts, tokens, _finish = asyncio.run(_collect(engine, _ids(ref_llm), params, "n2"))
