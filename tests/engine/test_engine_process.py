@@ -63,8 +63,9 @@ def test_streams_equal_the_offline_output(ref_llm, engine, step_log):
     assert engine.metrics.generation_tokens._value.get() == tokens_before + 36
     _wait_for(lambda: engine.load().num_running == 0)  # (the step after the last tokens frees the rows)
     assert engine.load().max_num_seqs == ref_llm.engine.load_view().max_num_seqs
-    # HYBRID_SERVE_STEP_LOG: a line per pass of the engine's loop, from the engine's pid, its
-    # tokens those the streams got (pid, time, deltas, tokens, running, waiting, 2 token counts)
+    # HYBRID_SERVE_STEP_LOG: a line per pass of the engine's loop (pid, time, deltas, tokens,
+    # running, waiting, 2 token counts), every line from the engine process, the lines' tokens
+    # summing to the streams' 36
     lines = [line.split() for line in step_log.read_text().splitlines()]
     assert lines and all(len(f) == 8 and f[0] == str(engine.backend.proc.pid) for f in lines)
     assert sum(int(f[3]) for f in lines) == 36
