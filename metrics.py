@@ -12,6 +12,8 @@ replica's label values are set once. Dashboards (`dashboards/`) query only these
 """
 from __future__ import annotations
 
+import bisect
+from collections import Counter as _Tally
 from typing import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -46,6 +48,24 @@ def _counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
 
 def _gauge(name: str, doc: str) -> Gauge:
     return Gauge(name, doc, LABELS, registry=REGISTRY)
+
+
+def observe_many(histogram, amounts: list[float]) -> None:
+    """`histogram.observe(a)` for each of `amounts` (a Histogram with its labels bound), as one
+    increment of each bucket hit and one of the sum: a step's inter-token latencies of hundreds
+    of streams (a few distinct values) for the price of a few observations, on the engine
+    replica's report thread. Falls back to `observe` where prometheus_client's Histogram lacks
+    the fields it reads."""
+    bounds, buckets, total = (getattr(histogram, n, None) for n in ("_upper_bounds", "_buckets", "_sum"))
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for a in amounts:
+            histogram.observe(a)
+        return
+    if not amounts:
+        return
+    total.inc(sum(amounts))
+    for i, n in _Tally(bisect.bisect_left(bounds, a) for a in amounts).items():  # (observe: the first a <= bound)
+        buckets[i].inc(n)
 
 
 # ----- engine replica ---------------------------------------------------------------------

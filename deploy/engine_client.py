@@ -22,7 +22,9 @@ class EngineClient(Protocol):
     def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
                  validated: bool = False) -> AsyncIterator[RequestDelta]:
         """Deltas until every sequence finished; closing the iterator aborts the request.
-        Validates the prompt first unless the caller did (`validated`)."""
+        Validates the prompt first unless the caller did (`validated`). A client whose
+        `paces_streams` is true also takes `pace` (engine/async_engine.StreamPace): the least
+        time and tokens between two deltas after the first, the deltas in between merged."""
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -20,9 +20,10 @@ from typing import AsyncIterator, Callable
 from ray import serve
 
 from ..engine.admission import Admission, FirstTokenQueue, LoadView
-from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta
+from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta, StreamPace
 from ..engine.sampling_params import SamplingParams
 from .config import AppConfig
+from . import hop_log
 from .engine_client import EngineClient, EngineFactory, make_engine_client
 from .errors import ENGINE_DEAD, OVERLOADED, GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
@@ -68,7 +69,10 @@ class LLMServerImpl:
     of 17 ms), so the replica's messages stay near the budget however many streams it has,
     instead of one per token per stream. (Waiting for the ingress to fall behind cannot be
     seen from here: Serve does not backpressure a streaming call, and unread items queue in
-    Ray, not in this process.)
+    Ray, not in this process.) An engine that paces its streams (`paces_streams`:
+    AsyncLLMEngine, `StreamPace`) applies that rule itself and merges the deltas in between
+    without waking this generator: a stream costs this process a wake-up per message, not
+    one per engine step. With another engine the rule is applied here, delta by delta.
 
     A dead engine (before or during a request) is answered as an item, not raised: a
     `GenerateError` with code `engine_dead` naming this replica, which the ingress retries on
@@ -136,6 +140,7 @@ class LLMServerImpl:
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Started | GenerateError | RequestDelta]:
         """The request was validated by the ingress; this asks admission whether to take it."""
+        hop_log.mark("replica", "in", request.request_id)
         num_tokens = len(request.prompt_token_ids)
         self.num_received += 1
         verdict = self.admission.on_arrival(self.engine.load(), self.queue, num_tokens,
@@ -155,16 +160,20 @@ class LLMServerImpl:
         self.queue.enter(num_tokens)
         try:
             yield Started(self.replica)
-            stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id,
-                                          validated=True)
-            output_ids: list[int] = []  # the first sequence's, for the suffix index
             batching = self.config.stream_interval > 1 or bool(self.config.stream_max_messages_per_s)
+            # an engine that paces its streams (AsyncLLMEngine) wakes this one only when a message is due
+            paced = batching and getattr(self.engine, "paces_streams", False)
+            pace = {"pace": StreamPace(self.config.stream_interval, self.stream_gap_s)} if paced else {}
+            stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id,
+                                          validated=True, **pace)
+            output_ids: list[int] = []  # the first sequence's, for the suffix index
             held: RequestDelta | None = None  # tokens not sent yet (batching)
             last_sent: float | None = None  # when this stream's last message went out
             try:
                 async for delta in stream:  # each delta: all the engine made since the last one taken
                     if not answered:
                         answered = True
+                        hop_log.mark("replica", "first", request.request_id)
                         self.queue.leave(num_tokens)
                         self.num_answered += 1
                         self._first_token(time.monotonic() - arrived)
@@ -172,7 +181,7 @@ class LLMServerImpl:
                         output_ids += delta.seqs[0].token_ids
                         if delta.finished:
                             self.suffix_feed.add_finished(request.prompt_token_ids, output_ids)
-                    if batching:
+                    if batching and not paced:
                         if held is not None:
                             delta, held = held.merge(delta), None
                         now = time.monotonic()
@@ -180,6 +189,8 @@ class LLMServerImpl:
                             held = delta
                             continue
                         last_sent = now
+                    if delta.finished:
+                        hop_log.mark("replica", "last", request.request_id)
                     yield delta
                 if held is not None:  # (a stream ends with a finished delta: only a safeguard)
                     yield held

@@ -18,6 +18,7 @@ from ..engine.async_engine import ModelInfo
 from ..engine.sampling_params import SamplingParams
 from ..engine.validation import ContextLengthError, PromptError, validate_prompt
 from ..metrics import IngressMetrics
+from . import hop_log
 from . import responses as R
 from .config import AppConfig
 from .errors import (OVERLOADED, APIError, GenerateError, bad_request, internal, model_not_found, retry_after_from,
@@ -201,11 +202,15 @@ class OpenAIServing:
     # ----- running -----------------------------------------------------------------------
     async def _run(self, obj: str, rid: str, body: SamplingFields, prompts: list[list[int]],
                    params: list[SamplingParams], top_n: int | None):
+        hop_log.mark("ingress", "in", rid)
         jobs = await self._start(rid, prompts, params, body.user)
+        hop_log.mark("ingress", "started", rid)
         if body.stream:
             return self._stream(obj, rid, body, jobs, top_n)
         try:
-            return await self._collect(obj, rid, body, jobs, top_n)
+            response = await self._collect(obj, rid, body, jobs, top_n)
+            hop_log.mark("ingress", "last", rid)
+            return response
         finally:
             await close(jobs)
 
@@ -260,11 +265,15 @@ class OpenAIServing:
         completion_tokens = 0
         events: list[str] = []
         unfinished = len(jobs)
+        answered = False
         try:
             if chat:
                 yield "".join(R.sse(R.chat_chunk(rid, created, self.model_name, index, None, top_n))
                               for index in range(len(jobs) * n))
             async for batch in batches(jobs):
+                if not answered:
+                    answered = True
+                    hop_log.mark("ingress", "first", rid)
                 for job, delta in batch:
                     job.num_cached_tokens = delta.num_cached_tokens
                     unfinished -= delta.finished
@@ -296,4 +305,5 @@ class OpenAIServing:
         finally:
             await close(jobs)
         events.append(R.DONE)
+        hop_log.mark("ingress", "last", rid)
         yield "".join(events)

@@ -17,7 +17,8 @@ Where the engine runs (`engine_process`):
 Either way the `EngineCore` (engine/engine_core.py) turns each step into one `StepReport`;
 this front end hands its deltas to each caller loop in one `call_soon_threadsafe` and
 records the metrics (`hybrid_serve.metrics`) from it. A consumer that falls behind gets the
-queued deltas merged into one. Closing or cancelling the iterator (a client disconnect)
+queued deltas merged into one; one that paces its stream (`StreamPace`: the served replica's
+message budget) is woken only when its next message is due. Closing or cancelling the iterator (a client disconnect)
 aborts the request.
 """
 from __future__ import annotations
@@ -29,14 +30,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Callable
 
-from ..metrics import EngineMetrics, engine_counters
+from ..metrics import EngineMetrics, engine_counters, observe_many
 from .admission import LoadView
 from .config import EngineConfig
 from .engine_core import EngineCore, RequestDelta, SeqDelta, StepReport, run_core
 from .sampling_params import SamplingParams
 from .validation import ModelLimits, validate_prompt
 
-__all__ = ["AsyncLLMEngine", "EngineDeadError", "ModelInfo", "RequestDelta", "SeqDelta"]
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "ModelInfo", "RequestDelta", "SeqDelta", "StreamPace"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,35 +57,115 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (a step raised); the replica must be restarted."""
 
 
-def _deliver(items: list[tuple[asyncio.Queue, "RequestDelta"]]) -> None:
-    """On the callers' event loop: a step's deltas into their requests' queues (the engine
+def _deliver(items: list[tuple["_Stream", "RequestDelta"]]) -> None:
+    """On the callers' event loop: a step's deltas into their requests' streams (the engine
     thread hands a whole step over in one `call_soon_threadsafe`: with hundreds of streams,
     one wake-up of the loop and one pass of the GIL per step instead of one per request)."""
-    for queue, item in items:
-        queue.put_nowait(item)
+    for stream, item in items:
+        stream.put(item)
 
 
 MAX_PENDING_CACHE_EVENTS = 4096  # a reader further behind gets one "reset" instead (and resyncs)
 
 
+def _no_gap() -> float:
+    return 0.0
+
+
+@dataclass
+class StreamPace:
+    """How often a consumer takes a request's deltas (`generate(pace=...)`: the replica's
+    stream message budget, deploy/server.py). The first delta and the last are taken at once;
+    in between, one once a sequence has at least `min_tokens` new tokens waiting and `gap_s()`
+    seconds have passed since the previous one was taken. The deltas in between are merged
+    without waking the consumer: with hundreds of streams, one wake-up of a consumer per
+    message it sends instead of one per engine step."""
+
+    min_tokens: int = 1
+    gap_s: Callable[[], float] = _no_gap
+
+
+def _new_tokens(delta: "RequestDelta") -> int:
+    return max((len(s.token_ids) for s in delta.seqs), default=0)
+
+
 @dataclass
 class _Stream:
-    """A caller's request, as the front end sees it."""
+    """A caller's request, as the front end sees it. The fields from `pending` on belong to
+    the caller's loop: the deltas not taken yet (merged into one), the error that ends the
+    stream after them, and when the consumer wants to be woken (`ready`)."""
 
     request_id: str
     num_seqs: int
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
     arrival: float
     first_token: bool = False
     last_token_time: dict[int, float] = field(default_factory=dict)  # per sequence index
     num_done: int = 0  # sequences finished
+    pending: RequestDelta | None = None
+    error: BaseException | None = None
+    hold_until: float | None = None  # (time.monotonic()) a delta that does not end the stream waits till then
+    min_tokens: int = 0  # ... and until a sequence has this many new tokens
+    waiter: asyncio.Future | None = None
+    timer: asyncio.TimerHandle | None = None
 
     def post(self, item) -> None:
+        """From any thread: a delta or the error that ends the stream."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.put, item)
         except RuntimeError:  # the caller's loop is closed: nobody listens any more
             pass
+
+    def put(self, item) -> None:
+        """On the caller's loop: merges a delta into the pending one (or records the error) and
+        wakes the consumer if what is pending is now due."""
+        if isinstance(item, BaseException):
+            if self.error is None:
+                self.error = item
+        elif self.pending is None:
+            self.pending = item
+        else:
+            self.pending = self.pending.merge(item)
+        if self.waiter is not None and self.ready():
+            self._wake()
+
+    def ready(self) -> bool:
+        if self.error is not None:
+            return True
+        p = self.pending
+        if p is None:
+            return False
+        if p.finished or self.hold_until is None and self.min_tokens <= 0:
+            return True
+        return ((self.hold_until is None or time.monotonic() >= self.hold_until)
+                and _new_tokens(p) >= self.min_tokens)
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _on_hold_end(self) -> None:
+        self.timer = None
+        if self.waiter is None:
+            return
+        if self.ready():
+            self._wake()
+        elif self.hold_until is not None and (left := self.hold_until - time.monotonic()) > 0:
+            self.timer = self.loop.call_later(left, self._on_hold_end)  # (a timer may fire a little early)
+
+    async def wait(self) -> None:
+        """Until what is pending is due, or the stream ended."""
+        while not self.ready():
+            self.waiter = self.loop.create_future()
+            if self.hold_until is not None and (left := self.hold_until - time.monotonic()) > 0:
+                self.timer = self.loop.call_later(left, self._on_hold_end)
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
 
 
 class EngineThread:
@@ -204,15 +285,19 @@ class AsyncLLMEngine:
         """Raises ValueError naming the problem (safe from any thread: reads constants)."""
         validate_prompt(prompt_token_ids, params, self.info.limits)
 
+    paces_streams = True  # generate takes `pace` (deploy/engine_client.py)
+
     async def generate(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str,
-                       validated: bool = False) -> AsyncIterator[RequestDelta]:
-        """Deltas until every sequence finished. Raises ValueError for bad input (before the
-        first delta) unless the caller validated it (`validated=True`: the HTTP ingress
-        does), EngineDeadError if the engine stopped."""
+                       validated: bool = False, pace: StreamPace | None = None) -> AsyncIterator[RequestDelta]:
+        """Deltas until every sequence finished: each one all that the engine made since the
+        previous one was taken, as soon as it is made, or as `pace` spaces them. Raises
+        ValueError for bad input (before the first delta) unless the caller validated it
+        (`validated=True`: the HTTP ingress does), EngineDeadError if the engine stopped
+        (after the deltas made before it)."""
         self.check_health()
         if not validated:
             self.validate(prompt_token_ids, params)
-        stream = _Stream(request_id, params.n, asyncio.get_running_loop(), asyncio.Queue(), time.monotonic())
+        stream = _Stream(request_id, params.n, asyncio.get_running_loop(), time.monotonic())
         with self._lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already running")
@@ -226,20 +311,18 @@ class AsyncLLMEngine:
         finished = False
         try:
             while True:
-                item = await stream.queue.get()
-                while not isinstance(item, BaseException) and not stream.queue.empty():
-                    nxt = stream.queue.get_nowait()
-                    if isinstance(nxt, BaseException):
-                        item = nxt
-                        break
-                    item = item.merge(nxt)
-                if isinstance(item, BaseException):
+                await stream.wait()
+                item, stream.pending = stream.pending, None
+                if item is None:  # the error, after every delta that came before it
                     finished = True
-                    raise item
+                    raise stream.error
                 finished = item.finished
                 yield item
                 if finished:
                     return
+                if pace is not None:
+                    stream.hold_until = time.monotonic() + pace.gap_s()
+                    stream.min_tokens = pace.min_tokens
         finally:
             if not finished:
                 self.backend.send(("abort", request_id))
@@ -317,7 +400,9 @@ class AsyncLLMEngine:
             stream = streams.get(request_id)
             if stream is not None:
                 m.queue_time.observe(max(0.0, start - stream.arrival))
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestDelta]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestDelta]]] = {}
+        itls: list[float] = []  # recorded once per report (hundreds of streams: a few distinct values)
+        tokens = 0
         for delta in report.deltas:
             stream = streams.get(delta.request_id)
             if stream is None:
@@ -331,21 +416,24 @@ class AsyncLLMEngine:
                 produced = True
                 last = stream.last_token_time.get(seq.index)
                 if last is not None:
-                    m.itl.observe(now - last)
+                    itls.append(now - last)
                 stream.last_token_time[seq.index] = now
-                m.generation_tokens.inc(len(seq.token_ids))
+                tokens += len(seq.token_ids)
                 if seq.finish_reason is not None:
                     m.finished(seq.finish_reason)
                     stream.num_done += 1
             if produced and not stream.first_token:
                 stream.first_token = True
                 m.ttft.observe(now - stream.arrival)
-            by_loop.setdefault(stream.loop, []).append((stream.queue, delta))
+            by_loop.setdefault(stream.loop, []).append((stream, delta))
             if delta.finished:
                 if produced:
                     m.e2e.observe(now - stream.arrival)
                 with self._lock:
                     streams.pop(delta.request_id, None)
+        observe_many(m.itl, itls)
+        if tokens:
+            m.generation_tokens.inc(tokens)
         for loop, items in by_loop.items():  # one hand-over per caller loop per report, not one per request
             try:
                 loop.call_soon_threadsafe(_deliver, items)

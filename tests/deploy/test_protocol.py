@@ -731,3 +731,66 @@ def test_routing_stats_count_the_requests_the_reported_load_accounts_for():
     asyncio.run(scenario())
     plain = LLMServerImpl(AppConfig(), "r0", engine_factory=lambda c, r: FakeEngine())
     assert plain.routing_stats()["num_received_requests"] == 0  # an engine client without the count
+
+
+def test_the_hop_log_marks_each_hop_of_a_request_on_one_clock(tokenizer, tmp_path, monkeypatch):
+    # HYBRID_SERVE_HOP_LOG: the ingress and the replica mark a request's arrival, first and last
+    # tokens; benchmarks/hop_report.py joins them with the client's marks by the response's id
+    import time
+
+    from hybrid_serve.benchmarks.hop_report import report
+    from hybrid_serve.deploy import hop_log
+
+    prefix = str(tmp_path / "hops")
+    monkeypatch.setenv(hop_log.ENV, prefix)
+    hop_log.reset()  # read the environment again
+    try:
+        client, _ = make_client(tokenizer)
+        sent = time.monotonic()
+        resp = client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 3, "stream": True})
+        done = time.monotonic()
+        rid = json.loads(_events(resp.text)[0])["id"]
+        plain = client.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}).json()["id"]
+    finally:
+        monkeypatch.delenv(hop_log.ENV)
+        hop_log.reset()
+    with open(f"{prefix}.client", "w") as f:
+        f.write(f"{sent:.6f} client send {rid}\n{done:.6f} client first {rid}\n{done:.6f} client last {rid}\n")
+    rows = hop_log.read(sorted(tmp_path.glob("hops.*")))
+    times = {(hop, event): t for t, hop, event, r in rows if r == rid}
+    order = [("client", "send"), ("ingress", "in"), ("replica", "in"), ("ingress", "started"),
+             ("replica", "first"), ("ingress", "first"), ("replica", "last"), ("ingress", "last"), ("client", "last")]
+    assert set(times) == set(order) | {("client", "first")}
+    assert [times[k] for k in order] == sorted(times[k] for k in order)
+    assert {(hop, event) for _, hop, event, r in rows if r == plain} == {
+        ("ingress", "in"), ("ingress", "started"), ("ingress", "last"),
+        ("replica", "in"), ("replica", "first"), ("replica", "last")}
+    out = report(rows)  # the streamed request: the only one the client marked
+    assert out["requests"] == 1
+    assert set(out["segments_ms"]) == {"client send -> ingress in", "ingress in -> replica in",
+                                       "replica in -> replica first", "replica first -> ingress first",
+                                       "ingress first -> client first", "replica last -> ingress last",
+                                       "ingress last -> client last"}
+    assert all(s["n"] == 1 and s["p50"] >= 0 for s in out["segments_ms"].values())
+    assert out["arrivals_ms"]["client send"]["first"] == 0
+
+
+def test_observe_many_records_what_observe_does():
+    # the engine replica records a step's inter-token latencies at once (metrics.observe_many)
+    from prometheus_client import CollectorRegistry, Histogram
+
+    reg = CollectorRegistry()
+    one = Histogram("one_seconds", "x", ["r"], buckets=(0.01, 0.1, 1.0), registry=reg).labels("a")
+    many = Histogram("many_seconds", "x", ["r"], buckets=(0.01, 0.1, 1.0), registry=reg).labels("a")
+    values = [0.0, 0.01, 0.010001, 0.05, 0.1, 0.1, 2.0, 0.5, 0.003]  # bounds themselves go in their bucket
+    for v in values:
+        one.observe(v)
+    metrics.observe_many(many, values)
+    metrics.observe_many(many, [])
+
+    def samples(name):
+        return {(s.name[len(name):], s.labels.get("le")): s.value for m in reg.collect() if m.name == name
+                for s in m.samples}
+
+    assert samples("one_seconds") == samples("many_seconds")
+    assert samples("many_seconds")[("_bucket", "0.01")] == 3

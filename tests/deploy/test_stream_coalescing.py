@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import pytest
 
@@ -15,8 +17,11 @@ from hybrid_serve.deploy.replica_calls import Job, batches
 from hybrid_serve.deploy.server import GenerateRequest, LLMServerImpl, Started
 from hybrid_serve.deploy.serving import OpenAIServing
 from hybrid_serve.engine.admission import LoadView
-from hybrid_serve.engine.async_engine import ModelInfo, RequestDelta, SeqDelta
+from hybrid_serve.engine.async_engine import (AsyncLLMEngine, EngineDeadError, ModelInfo, RequestDelta, SeqDelta,
+                                              StreamPace)
+from hybrid_serve.engine.engine_core import StepReport
 from hybrid_serve.engine.sampling_params import SamplingParams
+from hybrid_serve.engine.validation import ModelLimits
 
 WORDS = ["Once", " upon", " a", " time", " there", " was", " a", " model"]
 
@@ -198,8 +203,66 @@ class StepEngine:
         pass
 
 
-def _replica_messages(tokens: int, step_s: float, n: int = 1, **config) -> list[RequestDelta]:
-    engine = StepEngine(tokens, step_s)
+class StepBackend:
+    """AsyncLLMEngine's back end without an engine: a thread reports, every `step_s`, a delta
+    of one token for each request added, `tokens` in all, as the engine process's reader does."""
+
+    def __init__(self, tokens: int, step_s: float, on_report, on_exit) -> None:
+        self.tokens, self.step_s, self.on_report = tokens, step_s, on_report
+        self.limits = ModelLimits(1024, 4096)
+        self.first_report = StepReport(time.monotonic(), view=LoadView(0, 0, 0, 8, 8, 8, 8))
+        self.requests: dict[str, int] = {}  # request id -> sequences
+        self.aborted: list[str] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def send(self, command) -> bool:
+        with self.lock:
+            if command[0] == "add":
+                self.requests[command[1]] = command[3].n
+            elif command[0] == "abort":
+                self.aborted.append(command[1])
+                self.requests.pop(command[1], None)
+        return True
+
+    def _run(self) -> None:
+        made: dict[str, int] = {}
+        while not self.stopping.is_set():
+            time.sleep(self.step_s)
+            with self.lock:
+                deltas = []
+                for rid, n in list(self.requests.items()):
+                    k = made.get(rid, 0)
+                    made[rid] = k + 1
+                    deltas.append(_delta(rid, k, n, k == self.tokens - 1))
+                    if k == self.tokens - 1:
+                        del self.requests[rid]
+            if deltas:
+                self.on_report(StepReport(time.monotonic(), deltas))
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self, timeout_s: float) -> None:
+        self.stopping.set()
+
+
+def paced_engine(tokens: int, step_s: float) -> AsyncLLMEngine:
+    """The real front end (it paces its streams, `StreamPace`) over a StepBackend."""
+    engine = AsyncLLMEngine(model_name="fake", replica="r0",
+                            backend_factory=lambda on_report, on_exit: StepBackend(tokens, step_s, on_report, on_exit))
+    assert engine.paces_streams
+    return engine
+
+
+ENGINES = {"delta_by_delta": StepEngine, "paced": paced_engine}
+
+
+def _replica_messages(tokens: int, step_s: float, n: int = 1, engine: str = "delta_by_delta",
+                      **config) -> list[RequestDelta]:
+    engine = ENGINES[engine](tokens, step_s)
     server = LLMServerImpl(AppConfig(**config), "r0", engine_factory=lambda c, r: engine)
 
     async def run():
@@ -207,7 +270,10 @@ def _replica_messages(tokens: int, step_s: float, n: int = 1, **config) -> list[
         assert isinstance(items[0], Started)
         return items[1:]
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    finally:
+        engine.shutdown()
 
 
 def _check_whole(messages: list[RequestDelta], tokens: int, n: int = 1) -> None:
@@ -219,23 +285,26 @@ def _check_whole(messages: list[RequestDelta], tokens: int, n: int = 1) -> None:
     assert messages[-1].finished and not any(m.finished for m in messages[:-1])
 
 
-def test_a_lone_stream_sends_every_token():
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_a_lone_stream_sends_every_token(engine):
     """Default budget (1,000 messages/s): one stream may send every 1 ms; steps of 3 ms."""
-    messages = _replica_messages(6, 0.003)
+    messages = _replica_messages(6, 0.003, engine=engine)
     assert [len(m.seqs[0].token_ids) for m in messages] == [1] * 6
     _check_whole(messages, 6)
 
 
-def test_stream_interval_batches_tokens_after_the_first():
-    messages = _replica_messages(10, 0.0, n=2, stream_interval=4, stream_max_messages_per_s=0)
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_stream_interval_batches_tokens_after_the_first(engine):
+    messages = _replica_messages(10, 0.0, n=2, engine=engine, stream_interval=4, stream_max_messages_per_s=0)
     assert [len(m.seqs[0].token_ids) for m in messages] == [1, 4, 4, 1]  # first at once; the end at once
     _check_whole(messages, 10, n=2)
 
 
-def test_message_budget_batches_a_stream_by_time():
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_message_budget_batches_a_stream_by_time(engine):
     """A budget of 20 messages/s for the replica's one stream: at least 50 ms between its
     messages, so 10 ms steps go out ~5 at a time; the first token and the end at once."""
-    messages = _replica_messages(16, 0.01, stream_max_messages_per_s=20)
+    messages = _replica_messages(16, 0.01, engine=engine, stream_max_messages_per_s=20)
     sizes = [len(m.seqs[0].token_ids) for m in messages]
     assert sizes[0] == 1 and sum(sizes) == 16 and len(messages) <= 5 and max(sizes) >= 4, sizes
     _check_whole(messages, 16)
@@ -258,3 +327,62 @@ def test_budget_gap_grows_with_the_streams_a_replica_sends():
 def test_bad_stream_settings_are_refused(args):
     with pytest.raises(ValueError, match=next(iter(args))):
         AppConfig.from_args(args)
+
+
+def test_a_paced_stream_wakes_its_consumer_only_when_a_message_is_due():
+    """AsyncLLMEngine with a pace (the replica's budget): the consumer resumes once per delta
+    it takes, each spaced by the gap, with every token in order and the end at once."""
+    engine = paced_engine(40, 0.002)
+    pace = StreamPace(min_tokens=1, gap_s=lambda: 0.03)
+
+    async def run():
+        return [(time.monotonic(), d) async for d in engine.generate([1, 2, 3], SamplingParams(max_tokens=40), "p",
+                                                                      pace=pace)]
+
+    try:
+        got = asyncio.run(run())
+    finally:
+        engine.shutdown()
+    times, deltas = zip(*got)
+    assert len(deltas[0].seqs[0].token_ids) == 1 and deltas[-1].finished
+    assert all(b - a >= 0.03 for a, b in zip(times[:-2], times[1:-1]))  # the last may follow its previous at once
+    assert len(deltas) <= (times[-1] - times[0]) / 0.03 + 2
+    _check_whole(list(deltas), 40)
+
+
+def test_a_paced_stream_gives_its_held_tokens_before_the_engine_error_and_close_aborts():
+    engine = paced_engine(1000, 0.002)
+    pace = StreamPace(min_tokens=1, gap_s=lambda: 60.0)
+
+    async def run():
+        gen = engine.generate([1, 2, 3], SamplingParams(max_tokens=1000), "e", pace=pace)
+        first = await gen.__anext__()
+        await asyncio.sleep(0.05)  # tokens pile up, held by the pace
+        engine.backend.stopping.set()
+        await asyncio.sleep(0.02)
+        engine._on_exit(RuntimeError("a step failed"))  # the engine died
+        held = await gen.__anext__()
+        with pytest.raises(EngineDeadError):
+            await gen.__anext__()
+        return first, held
+
+    try:
+        first, held = asyncio.run(run())
+    finally:
+        engine.shutdown()
+    assert first.seqs[0].token_ids == [100]
+    held_ids = held.seqs[0].token_ids
+    assert len(held_ids) >= 5 and held_ids == list(range(101, 101 + len(held_ids)))
+
+    engine = paced_engine(1000, 0.002)
+
+    async def close_early():
+        gen = engine.generate([1, 2, 3], SamplingParams(max_tokens=1000), "c", pace=pace)
+        await gen.__anext__()
+        await gen.aclose()  # a client disconnect
+
+    try:
+        asyncio.run(close_early())
+        assert engine.backend.aborted == ["c"]
+    finally:
+        engine.shutdown()
