@@ -128,6 +128,25 @@ class Job:
     num_prompt_tokens: int
     stream: AsyncIterator
     num_cached_tokens: int = 0
+    draining: bool = False  # its final delta came; the rest of its stream is consumed in the background
+
+
+_DRAINS: set[asyncio.Task] = set()  # (the loop holds tasks weakly)
+
+
+def _drain_in_background(job: Job) -> None:
+    """The rest of a stream whose final delta has come: the end of the replica's call (one more
+    message from a replica that, at the end of a burst, is sending hundreds of final deltas),
+    consumed without holding the response for it."""
+    async def drain() -> None:
+        with suppress(Exception):
+            async for _ in job.stream:
+                pass
+
+    job.draining = True
+    task = asyncio.get_running_loop().create_task(drain())
+    _DRAINS.add(task)
+    task.add_done_callback(_DRAINS.discard)
 
 
 async def merge(jobs: list[Job]) -> AsyncIterator[tuple[Job, RequestDelta]]:
@@ -146,13 +165,18 @@ async def batches(jobs: list[Job]) -> AsyncIterator[list[tuple[Job, RequestDelta
     order, when the consumer asked for the next one (at least one: it waits only while none
     has). A consumer that keeps up gets each delta alone as soon as it arrives; one that falls
     behind (a stream writer under load) gets the backlog at once, so it can send it as one
-    message. A job's failure is raised after the deltas that arrived before it."""
+    message. A job's failure is raised after the deltas that arrived before it. A job ends
+    with its finished delta: the end of its stream (the replica call's) is consumed in the
+    background, so the response's last chunk does not wait for it."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(job: Job) -> None:
         try:
             async for delta in job.stream:
                 queue.put_nowait((job, delta))
+                if delta.finished:  # the job's end: its stream's own end is not waited for
+                    _drain_in_background(job)
+                    break
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             queue.put_nowait((job, exc))
         queue.put_nowait((job, None))
@@ -186,5 +210,6 @@ async def batches(jobs: list[Job]) -> AsyncIterator[list[tuple[Job, RequestDelta
 
 async def close(jobs: list[Job]) -> None:
     for job in jobs:
-        with suppress(Exception):
-            await job.stream.aclose()
+        if not job.draining:
+            with suppress(Exception):
+                await job.stream.aclose()
