@@ -7,7 +7,8 @@ after the first send: the first, the median and the last request's arrival).
     python benchmarks/hop_report.py PREFIX [--json OUT.json]
 
 Segments (a request's own marks):
-    client send -> ingress in          HTTP, Serve's proxy, its routing to an ingress replica
+    client send -> ingress in          HTTP, Serve's proxy, its routing to an ingress replica, the
+                                       body's way back from the proxy, parsing and checks
     ingress in -> replica in           the ingress's call: routing to an engine replica, Serve's hand-off
     replica in -> replica first        the replica's queue and the prompt's prefill
     replica first -> ingress first     the first tokens' way back to the ingress

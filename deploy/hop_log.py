@@ -6,8 +6,9 @@ request event to `PREFIX.<pid>`:
 
     <CLOCK_MONOTONIC seconds> <hop> <event> <request id>
 
-    hop "ingress": in (the endpoint called), started (the replica took it), first (its first
-                   tokens reached the ingress), last (its final tokens did)
+    hop "ingress": in (the request parsed and checked, before its call to a replica), started
+                   (a replica took it), first (its first tokens reached the ingress), last (its
+                   final tokens did, and its last chunk goes out)
     hop "replica": in (LLMServer.generate called), first (the engine's first tokens), last (the
                    finished delta handed to Serve)
 

@@ -22,8 +22,8 @@ from ray import serve
 from ..engine.admission import Admission, FirstTokenQueue, LoadView
 from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta, StreamPace
 from ..engine.sampling_params import SamplingParams
-from .config import AppConfig
 from . import hop_log
+from .config import AppConfig
 from .engine_client import EngineClient, EngineFactory, make_engine_client
 from .errors import ENGINE_DEAD, OVERLOADED, GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
