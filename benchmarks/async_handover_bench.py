@@ -1,8 +1,9 @@
 """How the engine thread hands a step's deltas to the replica's event loop (engine/async_engine.py):
 one `call_soon_threadsafe` per request per step (before) against one per loop per step
-(`_deliver`, now), with N streams consuming on an asyncio loop in another thread and a
+(`request_stream.deliver`'s way, here into plain queues), with N streams consuming on an asyncio loop in another thread and a
 sleep standing for the engine step. Reports the posting thread's time per step beyond the
-step, and the process CPU per step. CPU only; no model.
+step, and the process CPU per step. CPU only; no model. (The replica's whole path, streams
+paced as served: benchmarks/replica_stream_cost.py.)
 
     python benchmarks/async_handover_bench.py [--streams 256] [--steps 200] [--step-ms 5]
 """
@@ -14,7 +15,12 @@ import json
 import threading
 import time
 
-from hybrid_serve.engine.async_engine import _deliver
+
+
+def _hand_over(items: list[tuple[asyncio.Queue, int]]) -> None:
+    """On the loop: a step's items into their queues, in one callback."""
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def main() -> None:
@@ -52,7 +58,7 @@ def main() -> None:
                 for q in queues:
                     loop.call_soon_threadsafe(q.put_nowait, step)
             else:
-                loop.call_soon_threadsafe(_deliver, [(q, step) for q in queues])
+                loop.call_soon_threadsafe(_hand_over, [(q, step) for q in queues])
             time.sleep(args.step_ms / 1e3)
         posting = (time.perf_counter() - wall0) / args.steps * 1e3 - args.step_ms
         time.sleep(0.3)  # let the loop drain

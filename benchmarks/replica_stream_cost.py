@@ -68,10 +68,10 @@ def run_once(streams: int, steps: int, step_s: float, budget: float) -> dict:
             deltas = [RequestDelta(rid, [SeqDelta(0, [100 + step], " t", None, "length" if last else None)], 8, 0,
                                    last) for rid in ids]
             wire = StepReport(time.monotonic(), deltas, view=view, num_adds=streams if step == 0 else 0).to_wire()
-            engine._on_report(StepReport.from_wire(wire))
-            if last:
+            if last:  # (before the hand-over: the consumers may finish before this thread runs again)
                 timing["last_report"] = time.monotonic()
-            else:
+            engine._on_report(StepReport.from_wire(wire))
+            if not last:
                 time.sleep(max(0.0, t0 + (step + 1) * step_s - time.monotonic()))
         timing["cpu0"], timing["t0"] = cpu0, t0
 

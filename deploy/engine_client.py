@@ -23,7 +23,7 @@ class EngineClient(Protocol):
                  validated: bool = False) -> AsyncIterator[RequestDelta]:
         """Deltas until every sequence finished; closing the iterator aborts the request.
         Validates the prompt first unless the caller did (`validated`). A client whose
-        `paces_streams` is true also takes `pace` (engine/async_engine.StreamPace): the least
+        `paces_streams` is true also takes `pace` (engine/request_stream.StreamPace): the least
         time and tokens between two deltas after the first, the deltas in between merged."""
 
     async def abort(self, request_id: str) -> None: ...

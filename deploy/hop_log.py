@@ -30,17 +30,16 @@ logger = logging.getLogger(__name__)
 
 ENV = "HYBRID_SERVE_HOP_LOG"
 
-_file = None
-_resolved_pid: int | None = None  # the process that resolved the environment (a fork resolves again)
+_UNREAD = object()  # the environment not read yet in this process
+_file = _UNREAD
 
 
 def _open():
-    global _file, _resolved_pid
-    _resolved_pid = os.getpid()
+    global _file
     _file = None
     prefix = os.environ.get(ENV)
     if prefix:
-        path = f"{prefix}.{_resolved_pid}"
+        path = f"{prefix}.{os.getpid()}"
         try:
             _file = open(path, "a", buffering=1)  # line-buffered: a killed replica loses nothing
         except OSError as exc:
@@ -50,16 +49,16 @@ def _open():
 
 def reset() -> None:
     """Closes this process's log; the next mark reads the environment again."""
-    global _file, _resolved_pid
-    if _file is not None and _resolved_pid == os.getpid():
+    global _file
+    if _file is not None and _file is not _UNREAD:
         _file.close()
-    _file, _resolved_pid = None, None
+    _file = _UNREAD
 
 
 def mark(hop: str, event: str, request_id: str) -> None:
     """Appends `event` of `request_id` at `hop` with the time now (no-op unless the
     environment names a log)."""
-    f = _file if _resolved_pid == os.getpid() else _open()
+    f = _open() if _file is _UNREAD else _file
     if f is not None:
         f.write(f"{time.monotonic():.6f} {hop} {event} {request_id}\n")
 

@@ -161,11 +161,12 @@ class LLMServerImpl:
         try:
             yield Started(self.replica)
             batching = self.config.stream_interval > 1 or bool(self.config.stream_max_messages_per_s)
-            # an engine that paces its streams (AsyncLLMEngine) wakes this one only when a message is due
-            paced = batching and getattr(self.engine, "paces_streams", False)
-            pace = {"pace": StreamPace(self.config.stream_interval, self.stream_gap_s)} if paced else {}
+            pace = StreamPace(self.config.stream_interval, self.stream_gap_s) if batching else None
+            # an engine that paces its streams (AsyncLLMEngine) wakes this one only when a message
+            # is due; with another, the pace is applied here, delta by delta
+            paced = pace is not None and getattr(self.engine, "paces_streams", False)
             stream = self.engine.generate(request.prompt_token_ids, request.params, request.request_id,
-                                          validated=True, **pace)
+                                          validated=True, **({"pace": pace} if paced else {}))
             output_ids: list[int] = []  # the first sequence's, for the suffix index
             held: RequestDelta | None = None  # tokens not sent yet (batching)
             last_sent: float | None = None  # when this stream's last message went out
@@ -181,11 +182,11 @@ class LLMServerImpl:
                         output_ids += delta.seqs[0].token_ids
                         if delta.finished:
                             self.suffix_feed.add_finished(request.prompt_token_ids, output_ids)
-                    if batching and not paced:
+                    if pace is not None and not paced:
                         if held is not None:
                             delta, held = held.merge(delta), None
                         now = time.monotonic()
-                        if last_sent is not None and not delta.finished and not self._due(delta, now - last_sent):
+                        if last_sent is not None and not delta.finished and not pace.due(delta, now - last_sent):
                             held = delta
                             continue
                         last_sent = now
@@ -212,10 +213,6 @@ class LLMServerImpl:
         rate = self.config.stream_max_messages_per_s
         return self.num_answered / rate if rate else 0.0
 
-    def _due(self, held: RequestDelta, since_last_s: float) -> bool:
-        """Whether a stream's held tokens go out now (its first and last message always do)."""
-        return _new_tokens(held) >= self.config.stream_interval and since_last_s >= self.stream_gap_s()
-
     def _dead(self, exc: EngineDeadError) -> GenerateError:
         if not self.engine_dead:
             self.engine_dead = True
@@ -230,10 +227,6 @@ class LLMServerImpl:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
-
-
-def _new_tokens(delta: RequestDelta) -> int:
-    return max((len(s.token_ids) for s in delta.seqs), default=0)
 
 
 def suffix_feed(app_name: str, page_size: int, checkpoint_interval: int, model_name: str, replica: str):

@@ -27,13 +27,14 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable
 
 from ..metrics import EngineMetrics, engine_counters, observe_many
 from .admission import LoadView
 from .config import EngineConfig
 from .engine_core import EngineCore, RequestDelta, SeqDelta, StepReport, run_core
+from .request_stream import RequestStream, StreamPace, deliver
 from .sampling_params import SamplingParams
 from .validation import ModelLimits, validate_prompt
 
@@ -57,115 +58,7 @@ class EngineDeadError(RuntimeError):
     """The engine thread stopped (a step raised); the replica must be restarted."""
 
 
-def _deliver(items: list[tuple["_Stream", "RequestDelta"]]) -> None:
-    """On the callers' event loop: a step's deltas into their requests' streams (the engine
-    thread hands a whole step over in one `call_soon_threadsafe`: with hundreds of streams,
-    one wake-up of the loop and one pass of the GIL per step instead of one per request)."""
-    for stream, item in items:
-        stream.put(item)
-
-
 MAX_PENDING_CACHE_EVENTS = 4096  # a reader further behind gets one "reset" instead (and resyncs)
-
-
-def _no_gap() -> float:
-    return 0.0
-
-
-@dataclass
-class StreamPace:
-    """How often a consumer takes a request's deltas (`generate(pace=...)`: the replica's
-    stream message budget, deploy/server.py). The first delta and the last are taken at once;
-    in between, one once a sequence has at least `min_tokens` new tokens waiting and `gap_s()`
-    seconds have passed since the previous one was taken. The deltas in between are merged
-    without waking the consumer: with hundreds of streams, one wake-up of a consumer per
-    message it sends instead of one per engine step."""
-
-    min_tokens: int = 1
-    gap_s: Callable[[], float] = _no_gap
-
-
-def _new_tokens(delta: "RequestDelta") -> int:
-    return max((len(s.token_ids) for s in delta.seqs), default=0)
-
-
-@dataclass
-class _Stream:
-    """A caller's request, as the front end sees it. The fields from `pending` on belong to
-    the caller's loop: the deltas not taken yet (merged into one), the error that ends the
-    stream after them, and when the consumer wants to be woken (`ready`)."""
-
-    request_id: str
-    num_seqs: int
-    loop: asyncio.AbstractEventLoop
-    arrival: float
-    first_token: bool = False
-    last_token_time: dict[int, float] = field(default_factory=dict)  # per sequence index
-    num_done: int = 0  # sequences finished
-    pending: RequestDelta | None = None
-    error: BaseException | None = None
-    hold_until: float | None = None  # (time.monotonic()) a delta that does not end the stream waits till then
-    min_tokens: int = 0  # ... and until a sequence has this many new tokens
-    waiter: asyncio.Future | None = None
-    timer: asyncio.TimerHandle | None = None
-
-    def post(self, item) -> None:
-        """From any thread: a delta or the error that ends the stream."""
-        try:
-            self.loop.call_soon_threadsafe(self.put, item)
-        except RuntimeError:  # the caller's loop is closed: nobody listens any more
-            pass
-
-    def put(self, item) -> None:
-        """On the caller's loop: merges a delta into the pending one (or records the error) and
-        wakes the consumer if what is pending is now due."""
-        if isinstance(item, BaseException):
-            if self.error is None:
-                self.error = item
-        elif self.pending is None:
-            self.pending = item
-        else:
-            self.pending = self.pending.merge(item)
-        if self.waiter is not None and self.ready():
-            self._wake()
-
-    def ready(self) -> bool:
-        if self.error is not None:
-            return True
-        p = self.pending
-        if p is None:
-            return False
-        if p.finished or self.hold_until is None and self.min_tokens <= 0:
-            return True
-        return ((self.hold_until is None or time.monotonic() >= self.hold_until)
-                and _new_tokens(p) >= self.min_tokens)
-
-    def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def _on_hold_end(self) -> None:
-        self.timer = None
-        if self.waiter is None:
-            return
-        if self.ready():
-            self._wake()
-        elif self.hold_until is not None and (left := self.hold_until - time.monotonic()) > 0:
-            self.timer = self.loop.call_later(left, self._on_hold_end)  # (a timer may fire a little early)
-
-    async def wait(self) -> None:
-        """Until what is pending is due, or the stream ended."""
-        while not self.ready():
-            self.waiter = self.loop.create_future()
-            if self.hold_until is not None and (left := self.hold_until - time.monotonic()) > 0:
-                self.timer = self.loop.call_later(left, self._on_hold_end)
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-                if self.timer is not None:
-                    self.timer.cancel()
-                    self.timer = None
 
 
 class EngineThread:
@@ -234,7 +127,7 @@ class AsyncLLMEngine:
     def __init__(self, engine=None, model_name: str = "", replica: str = "", metrics: EngineMetrics | None = None,
                  backend_factory: Callable | None = None) -> None:
         self.metrics = metrics or EngineMetrics(model_name, replica)
-        self._streams: dict[str, _Stream] = {}  # written by caller loops (add) and the report thread (end)
+        self._streams: dict[str, RequestStream] = {}  # written by caller loops (add) and the report thread (end)
         self._lock = threading.Lock()
         self._counters: dict[str, int] | None = None
         self._view: LoadView | None = None
@@ -297,7 +190,7 @@ class AsyncLLMEngine:
         self.check_health()
         if not validated:
             self.validate(prompt_token_ids, params)
-        stream = _Stream(request_id, params.n, asyncio.get_running_loop(), time.monotonic())
+        stream = RequestStream(request_id, params.n, asyncio.get_running_loop(), time.monotonic())
         with self._lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already running")
@@ -400,7 +293,7 @@ class AsyncLLMEngine:
             stream = streams.get(request_id)
             if stream is not None:
                 m.queue_time.observe(max(0.0, start - stream.arrival))
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, RequestDelta]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestDelta]]] = {}
         itls: list[float] = []  # recorded once per report (hundreds of streams: a few distinct values)
         tokens = 0
         for delta in report.deltas:
@@ -436,7 +329,7 @@ class AsyncLLMEngine:
             m.generation_tokens.inc(tokens)
         for loop, items in by_loop.items():  # one hand-over per caller loop per report, not one per request
             try:
-                loop.call_soon_threadsafe(_deliver, items)
+                loop.call_soon_threadsafe(deliver, items)
             except RuntimeError:  # the callers' loop is closed: nobody listens any more
                 pass
         with self._lock:

@@ -51,6 +51,10 @@ class RequestDelta:
     num_cached_tokens: int = 0
     finished: bool = False
 
+    def num_new_tokens(self) -> int:
+        """The most tokens one of its sequences carries (what a stream's pacing counts)."""
+        return max((len(s.token_ids) for s in self.seqs), default=0)
+
     def merge(self, later: "RequestDelta") -> "RequestDelta":
         by_index = {s.index: s for s in self.seqs}
         for s in later.seqs:

@@ -794,3 +794,18 @@ def test_observe_many_records_what_observe_does():
 
     assert samples("one_seconds") == samples("many_seconds")
     assert samples("many_seconds")[("_bucket", "0.01")] == 3
+
+
+def test_a_hop_log_that_cannot_be_opened_is_a_warning(tmp_path, monkeypatch, caplog):
+    from hybrid_serve.deploy import hop_log
+
+    monkeypatch.setenv(hop_log.ENV, str(tmp_path / "missing" / "hops"))  # no such directory
+    hop_log.reset()
+    try:
+        with caplog.at_level("WARNING"):
+            hop_log.mark("ingress", "in", "cmpl-1")  # no log, no error
+            hop_log.mark("ingress", "last", "cmpl-1")
+        assert caplog.text.count(hop_log.ENV) == 1  # warned once, not per mark
+    finally:
+        monkeypatch.delenv(hop_log.ENV)
+        hop_log.reset()
