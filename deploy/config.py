@@ -73,6 +73,10 @@ class AppConfig:
     # stream: 1 ms) every token goes out as it is made. 0: no budget (a message per token).
     stream_interval: int = 1
     stream_max_messages_per_s: float = 1000.0
+    # Tokens from a replica to an ingress: True, by delta channel (deploy/delta_channel.py: one
+    # connection per ingress and replica, one frame per pass of the replica's loop for all its
+    # streams); False, as items of each request's Serve call (a Ray message per item).
+    delta_channels: bool = True
     # Where a replica's engine runs: True, an engine process of its own (engine/core_process.py:
     # its steps never wait for the GIL behind the replica's event loop, Serve and Ray); False, a
     # thread of the replica process; None: a process on CUDA, a thread on CPU (where a replica
@@ -102,8 +106,9 @@ class AppConfig:
         self._check_sources()
         if self.engine_process not in (None, True, False):
             raise ValueError(f"engine_process must be true, false or null, got {self.engine_process!r}")
-        if not isinstance(self.enable_log_requests, bool):
-            raise ValueError(f"enable_log_requests must be true or false, got {self.enable_log_requests!r}")
+        for name in ("enable_log_requests", "delta_channels"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.autoscaling_config is not None:
             _check_autoscaling(self.autoscaling_config, self.replicas)
         known = {f.name for f in dataclasses.fields(_engine_config_cls())}

@@ -10,7 +10,7 @@ request event to `PREFIX.<pid>`:
                    (a replica took it), first (its first tokens reached the ingress), last (its
                    final tokens did, and its last chunk goes out)
     hop "replica": in (LLMServer.generate called), first (the engine's first tokens), last (the
-                   finished delta handed to Serve)
+                   finished delta handed to Serve, or to the delta channel)
 
 CLOCK_MONOTONIC is one clock for every process of a machine, so the files join with the
 client's own marks (`benchmarks/serve_bench.py --hop-log PREFIX` writes `PREFIX.client`: send,

@@ -9,8 +9,10 @@ in flight (`InFlightLimit`) a request gets 503 + Retry-After before any work is 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
+import time
 from typing import Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -22,11 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import metrics
 from ..engine.tokenizer import load_tokenizer
 from .config import AppConfig
+from .delta_channel import ChannelClient, ChannelLost
 from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large,
                      unauthorized, unavailable)
 from .metrics_hub import MetricsPusher, get_hub
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList, UnsupportedField
-from .server import GenerateRequest
+from .server import GenerateRequest, Started
 from .serving import OpenAIServing
 
 logger = logging.getLogger(__name__)
@@ -217,12 +220,18 @@ def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = No
 class ServeBackend:
     """Reaches the LLMServer replicas through a Serve handle (Serve's own load-aware routing).
     A replica that dies or cannot be reached surfaces as `errors.replica_failed` (raised
-    mid-stream, a `GenerateError` before it), which `OpenAIServing` retries elsewhere."""
+    mid-stream, a `GenerateError` before it), which `OpenAIServing` retries elsewhere.
+
+    With `channels` (`delta_channel.ChannelClient`), a request's tokens come by the delta
+    channel the replica names in `Started`, and its Serve call only starts it and ends with it;
+    a replica that names none (`delta_channels` off there) streams them in the call as before."""
 
     HEALTH_ATTEMPTS = 3  # a dead replica Serve has not dropped yet may take a health call
+    CALL_END_GRACE_S = 10.0  # the call ended, but the request's last tokens have not come by the channel
 
-    def __init__(self, handle) -> None:
+    def __init__(self, handle, channels: ChannelClient | None = None) -> None:
         self.handle = handle
+        self.channels = channels
 
     async def model_info(self):
         return await self.handle.model_info.remote()
@@ -240,24 +249,83 @@ class ServeBackend:
     async def generate(self, request: GenerateRequest):
         from ray.serve.exceptions import BackPressureError
 
+        key, queue = self.channels.register() if self.channels is not None else (None, None)
+        if key is not None:
+            request = dataclasses.replace(request, channel=(self.channels.channel_id, key))
         gen = self.handle.options(stream=True).generate.remote(request)
-        started = False
+        started, finished = False, False
+        call_end: asyncio.Task | None = None  # a channel request's: the rest of its Serve call
         try:
             async for item in gen:
                 started = True
+                if isinstance(item, Started) and item.channel is not None and key is not None:
+                    await self.channels.attach(key, item.channel)
+                    yield item
+                    call_end = asyncio.get_running_loop().create_task(_call_end(gen, queue))
+                    break
                 yield item
+            if call_end is not None:  # its tokens come by the channel
+                async for item in _channel_items(queue, self.CALL_END_GRACE_S):
+                    finished = getattr(item, "finished", False)
+                    yield item
         except BackPressureError as exc:
             yield GenerateError(503, f"every replica is busy and the ingress queue is full "
                                      f"({exc.args[0] if exc.args else '?'} queued); retry later", code=OVERLOADED)
         except Exception as exc:
-            if not _is_unavailable(exc):
+            if not (isinstance(exc, ChannelLost) or _is_unavailable(exc)):
                 raise
-            message = f"the replica failed ({type(exc).__name__})"
+            message = f"the replica failed ({exc if isinstance(exc, ChannelLost) else type(exc).__name__})"
             if started:
                 raise replica_failed(message) from exc
             yield GenerateError(503, message, code=REPLICA_FAILED)
         finally:
-            gen.cancel()
+            if key is not None:
+                self.channels.unregister(key)
+            # a finished request's call ends on its own (`call_end` takes its end); any other
+            # is cancelled, which aborts the request on its replica
+            if call_end is None or not (finished or call_end.done()):
+                if call_end is not None:
+                    call_end.cancel()
+                gen.cancel()
+
+
+_CALL_ENDED = object()  # a channel request's Serve call ended (without an item after `Started`)
+
+
+async def _call_end(gen, queue: asyncio.Queue) -> None:
+    """The rest of a channel request's Serve call after `Started`: its end, or its failure (or
+    an item a replica sent in the call after all), put on the request's queue."""
+    try:
+        async for item in gen:
+            queue.put_nowait(item)
+        queue.put_nowait(_CALL_ENDED)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - handed to the stream's reader
+        queue.put_nowait(exc)
+
+
+async def _channel_items(queue: asyncio.Queue, grace_s: float):
+    """A channel request's deltas and errors from its queue, to its finished delta or its
+    error; the call's failure or a lost channel is raised. Once the call has ended, its last
+    tokens (written to the channel before the replica ended the call) get `grace_s` to come."""
+    deadline = None
+    while True:
+        if deadline is None:
+            item = await queue.get()
+        else:
+            try:
+                item = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                raise replica_failed("the replica ended the request without its last tokens") from None
+        if item is _CALL_ENDED:
+            deadline = time.monotonic() + grace_s
+            continue
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+        if isinstance(item, GenerateError) or getattr(item, "finished", False):
+            return
 
 
 def _is_unavailable(exc: Exception) -> bool:
@@ -278,7 +346,8 @@ class OpenAIIngress:
         self.replica = ctx.replica_id.unique_id
         tokenizer = load_tokenizer(config.tokenizer_path())
         ingress_metrics = metrics.IngressMetrics(config.model_name, f"ingress:{self.replica}")
-        self.serving = OpenAIServing(config, ServeBackend(llm_server), tokenizer, ingress_metrics)
+        channels = ChannelClient(f"ingress:{self.replica}") if config.delta_channels else None
+        self.serving = OpenAIServing(config, ServeBackend(llm_server, channels), tokenizer, ingress_metrics)
         self.hub = get_hub(ctx.app_name)
         self.source = f"ingress:{self.replica}"
         self.pusher = MetricsPusher(self.hub, self.source, config.metrics_push_interval_s)

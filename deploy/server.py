@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
+import ray
 from ray import serve
 
 from ..engine.admission import Admission, FirstTokenQueue, LoadView
@@ -24,6 +25,7 @@ from ..engine.async_engine import EngineDeadError, ModelInfo, RequestDelta, Stre
 from ..engine.sampling_params import SamplingParams
 from . import hop_log
 from .config import AppConfig
+from .delta_channel import ChannelAddress, ChannelServer
 from .engine_client import EngineClient, EngineFactory, make_engine_client
 from .errors import ENGINE_DEAD, OVERLOADED, GenerateError, retry_after_from
 from .metrics_hub import MetricsPusher, get_hub
@@ -41,11 +43,13 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     session_id: str | None = None  # the request's `user` field: session affinity for the router
+    channel: tuple[str, int] | None = None  # (ingress channel id, stream key): tokens by delta channel
 
 
 @dataclass(frozen=True)
 class Started:
     replica: str
+    channel: ChannelAddress | None = None  # where the request's tokens come from (a channel request)
 
 
 class LLMServerImpl:
@@ -74,6 +78,11 @@ class LLMServerImpl:
     without waking this generator: a stream costs this process a wake-up per message, not
     one per engine step. With another engine the rule is applied here, delta by delta.
 
+    Delta channels (`delta_channel.py`, a request with `channel` set, when this replica has a
+    `channel_server`): the call yields `Started` with the channel's address and stays open until
+    the request ends, and the request's deltas (and an engine error after `Started`) go to the
+    ingress's channel: one frame per ingress per pass of this replica's loop.
+
     A dead engine (before or during a request) is answered as an item, not raised: a
     `GenerateError` with code `engine_dead` naming this replica, which the ingress retries on
     another replica while the request has no token; `on_engine_dead` is then called once."""
@@ -97,6 +106,12 @@ class LLMServerImpl:
         self.on_engine_dead: Callable[[], None] | None = None  # the Serve replica leaves (`LLMServer`)
         self.engine_dead = False
         self.suffix_feed = None  # speculative method "suffix": the cluster-wide index's feed (attach_suffix_feed)
+        self.channel_server: ChannelServer | None = None  # delta channels (start_channel_server)
+
+    async def start_channel_server(self, host: str) -> ChannelAddress:
+        """Serve requests' tokens by delta channel (to ingresses that ask for it) from `host`."""
+        self.channel_server = ChannelServer()
+        return await self.channel_server.start(host)
 
     def attach_suffix_feed(self, feed) -> None:
         """Speculative method "suffix": finished requests (prompt + output ids) go to `feed`
@@ -158,8 +173,9 @@ class LLMServerImpl:
             return
         arrived, answered = time.monotonic(), False
         self.queue.enter(num_tokens)
+        channel = self.channel_server if request.channel is not None else None
         try:
-            yield Started(self.replica)
+            yield Started(self.replica, channel.address if channel is not None else None)
             batching = self.config.stream_interval > 1 or bool(self.config.stream_max_messages_per_s)
             pace = StreamPace(self.config.stream_interval, self.stream_gap_s) if batching else None
             # an engine that paces its streams (AsyncLLMEngine) wakes this one only when a message
@@ -192,13 +208,21 @@ class LLMServerImpl:
                         last_sent = now
                     if delta.finished:
                         hop_log.mark("replica", "last", request.request_id)
-                    yield delta
+                    if channel is not None:
+                        channel.post(*request.channel, delta)
+                    else:
+                        yield delta
                 if held is not None:  # (a stream ends with a finished delta: only a safeguard)
-                    yield held
+                    if channel is not None:
+                        channel.post(*request.channel, held)
+                    else:
+                        yield held
             except EngineDeadError as exc:  # the engine died under this request
-                if held is not None:
-                    yield held
-                yield self._dead(exc)
+                for item in ([held] if held is not None else []) + [self._dead(exc)]:
+                    if channel is not None:
+                        channel.post(*request.channel, item)
+                    else:
+                        yield item
             finally:
                 await stream.aclose()
         finally:  # finished, aborted (the caller closed the stream) or failed
@@ -266,6 +290,8 @@ class LLMServer:
         if engine.speculative_config is not None and engine.speculative_config.method == "suffix":
             self.impl.attach_suffix_feed(suffix_feed(ctx.app_name, engine.page_size, engine.state_checkpoint_interval,
                                                      config.model_name, replica))
+        if config.delta_channels:
+            await self.impl.start_channel_server(ray.util.get_node_ip_address())
         self.pusher = MetricsPusher(get_hub(ctx.app_name), f"server:{replica}", config.metrics_push_interval_s)
         self.pusher.start()
 
@@ -292,4 +318,6 @@ class LLMServer:
         if getattr(self, "pusher", None) is not None:  # absent when __init__ failed (it raised the cause)
             await self.pusher.stop()
         if getattr(self, "impl", None) is not None:
+            if self.impl.channel_server is not None:
+                await self.impl.channel_server.close()
             self.impl.shutdown()
