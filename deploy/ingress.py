@@ -366,6 +366,9 @@ class OpenAIIngress:
 
     async def __del__(self) -> None:
         await self.pusher.stop()
+        channels = self.serving.backend.channels
+        if channels is not None:
+            await channels.close()
 
 
 __all__ = ["OpenAIIngress", "ServeBackend", "create_app", "unavailable"]

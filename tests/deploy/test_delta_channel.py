@@ -154,6 +154,20 @@ async def _items(backend: ServeBackend, request: GenerateRequest) -> list:
     return [item async for item in call_replicas(backend, request, max_replicas=1)]
 
 
+async def _streaming(rid: str, channel_id: str):
+    """A replica over a paced engine (1,000 tokens, steps of 10 ms), the backend's stream of one
+    request to it, read up to its first delta (by the channel)."""
+    eng = paced_engine(1000, 0.01)
+    impl = await _replica(eng)
+    handle = _Handle(impl)
+    backend = ServeBackend(handle, ChannelClient(channel_id))
+    stream = backend.generate(_request(rid, 1000))
+    started, first = await stream.__anext__(), await stream.__anext__()
+    assert isinstance(started, Started) and started.channel == impl.channel_server.address
+    assert isinstance(first, RequestDelta)
+    return eng, impl, handle, backend, stream
+
+
 @pytest.mark.parametrize("engine", ["paced", "delta_by_delta"])
 def test_tokens_come_by_the_channel_equal_to_the_call_path_in_fewer_frames(engine):
     tokens, streams = 12, 16
@@ -190,13 +204,7 @@ def test_tokens_come_by_the_channel_equal_to_the_call_path_in_fewer_frames(engin
 
 def test_a_closed_stream_cancels_its_call_and_aborts_the_request():
     async def run():
-        eng = paced_engine(1000, 0.01)
-        impl = await _replica(eng)
-        handle = _Handle(impl)
-        backend = ServeBackend(handle, ChannelClient("ingress:d"))
-        stream = backend.generate(_request("gone", 1000))
-        assert isinstance(await stream.__anext__(), Started)
-        assert isinstance(await stream.__anext__(), RequestDelta)
+        eng, impl, handle, backend, stream = await _streaming("gone", "ingress:d")
         await stream.aclose()  # the client went away
         for _ in range(200):
             if eng.backend.aborted:
@@ -214,11 +222,8 @@ def test_a_closed_stream_cancels_its_call_and_aborts_the_request():
 
 def test_an_engine_that_dies_mid_stream_is_an_error_by_the_channel():
     async def run():
-        eng = paced_engine(1000, 0.01)
-        impl = await _replica(eng)
-        backend = ServeBackend(_Handle(impl), ChannelClient("ingress:e"))
-        stream = backend.generate(_request("dies", 1000))
-        items = [await stream.__anext__(), await stream.__anext__()]
+        eng, impl, _, _, stream = await _streaming("dies", "ingress:e")
+        items = []
         eng.backend.stopping.set()
         eng._on_exit(RuntimeError("a step failed"))
         async for item in stream:
@@ -228,19 +233,13 @@ def test_an_engine_that_dies_mid_stream_is_an_error_by_the_channel():
         return items
 
     items = asyncio.run(run())
-    assert isinstance(items[0], Started) and isinstance(items[1], RequestDelta)
+    assert all(isinstance(item, RequestDelta) for item in items[:-1])
     assert isinstance(items[-1], GenerateError) and items[-1].code == ENGINE_DEAD and items[-1].replica == "r0"
 
 
 def test_a_replica_gone_mid_stream_fails_the_request_as_a_failed_replica():
     async def run():
-        eng = paced_engine(1000, 0.01)
-        impl = await _replica(eng)
-        handle = _Handle(impl)
-        backend = ServeBackend(handle, ChannelClient("ingress:f"))
-        stream = backend.generate(_request("orphan", 1000))
-        assert isinstance(await stream.__anext__(), Started)
-        assert isinstance(await stream.__anext__(), RequestDelta)
+        eng, impl, handle, _, stream = await _streaming("orphan", "ingress:f")
         await impl.channel_server.close()  # the replica's process is gone: its channel and its call
         handle.calls[0].die()
         try:

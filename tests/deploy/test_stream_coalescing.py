@@ -329,7 +329,8 @@ def test_budget_gap_grows_with_the_streams_a_replica_sends():
 
 
 @pytest.mark.parametrize("args", [{"stream_interval": 0}, {"stream_interval": 1.5},
-                                  {"stream_max_messages_per_s": -1}, {"stream_max_messages_per_s": "many"}])
+                                  {"stream_max_messages_per_s": -1}, {"stream_max_messages_per_s": "many"},
+                                  {"delta_channels": "yes"}])
 def test_bad_stream_settings_are_refused(args):
     with pytest.raises(ValueError, match=next(iter(args))):
         AppConfig.from_args(args)
