@@ -221,6 +221,8 @@ def main() -> int:
     p.add_argument("--stream-max-messages-per-s", type=float, default=None,
                    help="the app's stream_max_messages_per_s (default: unset; 0: a message per token)")
     p.add_argument("--ingress-replicas", type=int, default=1, help="the app's ingress_replicas")
+    p.add_argument("--delta-channels", action=argparse.BooleanOptionalAction, default=True,
+                   help="the app's delta_channels (tokens by one connection per ingress and replica)")
     p.add_argument("--prompt-len", type=int, default=3, help="token ids in each prompt")
     p.add_argument("--repeat", type=int, default=2, help="runs after one warm-up stream")
     p.add_argument("--num-cpus", type=int, default=None)
@@ -235,7 +237,8 @@ def main() -> int:
 
     seqs = args.max_num_seqs or args.streams
     app_args = {"max_waiting_requests": args.streams, "max_waiting_tokens": 1 << 24, "num_cpus_per_replica": 0,
-                "engine_args": {"max_num_seqs": seqs}, "ingress_replicas": args.ingress_replicas}
+                "engine_args": {"max_num_seqs": seqs}, "ingress_replicas": args.ingress_replicas,
+                "delta_channels": args.delta_channels}
     if args.stream_interval is not None:
         app_args["stream_interval"] = args.stream_interval
     if args.stream_max_messages_per_s is not None:
@@ -265,7 +268,7 @@ def main() -> int:
             runs.append(row)
             print(json.dumps(row), flush=True)
         result = {"step_ms": args.step_ms, "tokens": args.tokens, "max_num_seqs": seqs, "prompt_len": args.prompt_len,
-                  "ingress_replicas": args.ingress_replicas,
+                  "ingress_replicas": args.ingress_replicas, "delta_channels": args.delta_channels,
                   "stream_interval": args.stream_interval,
                   "stream_max_messages_per_s": args.stream_max_messages_per_s, "engine_tok_s": round(min(seqs, args.streams) / STEP_S),
                   "single_stream": single, "runs": runs}

@@ -262,6 +262,8 @@ class ServeBackend:
                     await self.channels.attach(key, item.channel)
                     yield item
                     call_end = asyncio.get_running_loop().create_task(_call_end(gen, queue))
+                    _CALL_ENDS.add(call_end)  # (the loop holds tasks weakly; it may outlive this stream)
+                    call_end.add_done_callback(_CALL_ENDS.discard)
                     break
                 yield item
             if call_end is not None:  # its tokens come by the channel
@@ -290,6 +292,7 @@ class ServeBackend:
 
 
 _CALL_ENDED = object()  # a channel request's Serve call ended (without an item after `Started`)
+_CALL_ENDS: set[asyncio.Task] = set()  # the `_call_end` tasks running
 
 
 async def _call_end(gen, queue: asyncio.Queue) -> None:
