@@ -45,6 +45,7 @@ _LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 1 << 30  # a frame holds one loop pass's items: far below this
 UNCONNECTED_DROP_S = 30.0  # items for an ingress not connected for this long are dropped (it is gone)
 HELLO_TIMEOUT_S = 10.0  # a connection must say who it is within this long
+CONNECT_TIMEOUT_S = 5.0  # an ingress's connection to a replica's channel server (a dropped SYN: no minutes)
 
 
 def encode_frame(obj: Any) -> bytes:
@@ -71,6 +72,11 @@ class ChannelAddress:
 
 class ChannelLost(Exception):
     """The connection to a replica's channel server broke (the replica died or is unreachable)."""
+
+
+class ChannelUnreachable(ChannelLost):
+    """A replica's channel server could not be connected to (`ChannelClient.ever_connected`
+    tells a replica gone from a network that lets no channel through)."""
 
 
 # ----- the replica's end -----------------------------------------------------------------------
@@ -201,6 +207,7 @@ class ChannelClient:
         self.connections: dict[ChannelAddress, _Connection] = {}
         self._connecting: dict[ChannelAddress, asyncio.Task] = {}
         self._next_key = 0
+        self.ever_connected = False  # a connection has been opened (so the network lets channels through)
 
     def register(self) -> tuple[int, asyncio.Queue]:
         """A new stream key (unique in this client: a retried request gets a new one, so a late
@@ -237,11 +244,13 @@ class ChannelClient:
     async def _open(self, address: ChannelAddress) -> _Connection:
         conn = _Connection(address)
         try:
-            reader, writer = await asyncio.open_connection(address.host, address.port)
-        except OSError as exc:
-            conn.lost = ChannelLost(f"cannot reach the replica's delta channel at "
-                                    f"{address.host}:{address.port}: {exc}")
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(address.host, address.port),
+                                                    CONNECT_TIMEOUT_S)
+        except (OSError, asyncio.TimeoutError) as exc:
+            conn.lost = ChannelUnreachable(f"cannot reach the replica's delta channel at "
+                                           f"{address.host}:{address.port}: {exc or type(exc).__name__}")
             return conn
+        self.ever_connected = True
         writer.write(encode_frame((address.token, self.channel_id)))
         conn.writer = writer
         conn.reader_task = asyncio.get_running_loop().create_task(self._read(conn, reader))

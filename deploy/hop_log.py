@@ -17,8 +17,8 @@ client's own marks (`benchmarks/serve_bench.py --hop-log PREFIX` writes `PREFIX.
 first, last) and the engine's step log (HYBRID_SERVE_STEP_LOG) on one timeline;
 `benchmarks/hop_report.py PREFIX` prints each hop's latency at the start and the end of a
 request. A request id is the ingress's (`cmpl-...`, the response's `id`); a replica's is the
-ingress's with the prompt's index (`cmpl-...-0`), which the report strips. Unset: one branch
-per event.
+ingress's with the prompt's index (`cmpl-...-0`; a retry's `cmpl-...-0.2`), which the report
+strips. Unset: one branch per event.
 """
 from __future__ import annotations
 

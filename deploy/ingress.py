@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import metrics
 from ..engine.tokenizer import load_tokenizer
 from .config import AppConfig
-from .delta_channel import ChannelClient, ChannelLost
+from .delta_channel import ChannelClient, ChannelLost, ChannelUnreachable
 from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large,
                      unauthorized, unavailable)
 from .metrics_hub import MetricsPusher, get_hub
@@ -224,7 +224,10 @@ class ServeBackend:
 
     With `channels` (`delta_channel.ChannelClient`), a request's tokens come by the delta
     channel the replica names in `Started`, and its Serve call only starts it and ends with it;
-    a replica that names none (`delta_channels` off there) streams them in the call as before."""
+    a replica that names none (`delta_channels` off there) streams them in the call as before.
+    If the first channel this ingress opens cannot be reached (a firewall between nodes that
+    lets Ray's ports through but not the replicas' channel ports), it stops asking for channels
+    and says so once; that request is retried like one whose replica failed."""
 
     HEALTH_ATTEMPTS = 3  # a dead replica Serve has not dropped yet may take a health call
     CALL_END_GRACE_S = 10.0  # the call ended, but the request's last tokens have not come by the channel
@@ -249,9 +252,10 @@ class ServeBackend:
     async def generate(self, request: GenerateRequest):
         from ray.serve.exceptions import BackPressureError
 
-        key, queue = self.channels.register() if self.channels is not None else (None, None)
+        channels = self.channels
+        key, queue = channels.register() if channels is not None else (None, None)
         if key is not None:
-            request = dataclasses.replace(request, channel=(self.channels.channel_id, key))
+            request = dataclasses.replace(request, channel=(channels.channel_id, key))
         gen = self.handle.options(stream=True).generate.remote(request)
         started, finished = False, False
         call_end: asyncio.Task | None = None  # a channel request's: the rest of its Serve call
@@ -259,7 +263,15 @@ class ServeBackend:
             async for item in gen:
                 started = True
                 if isinstance(item, Started) and item.channel is not None and key is not None:
-                    await self.channels.attach(key, item.channel)
+                    try:
+                        await channels.attach(key, item.channel)
+                    except ChannelUnreachable:
+                        if not channels.ever_connected and self.channels is not None:
+                            self.channels = None
+                            logger.warning("the replicas' delta channels cannot be reached from this ingress "
+                                           "(%s:%d); streaming tokens through Serve's calls instead",
+                                           item.channel.host, item.channel.port)
+                        raise
                     yield item
                     call_end = asyncio.get_running_loop().create_task(_call_end(gen, queue))
                     _CALL_ENDS.add(call_end)  # (the loop holds tasks weakly; it may outlive this stream)
@@ -282,7 +294,7 @@ class ServeBackend:
             yield GenerateError(503, message, code=REPLICA_FAILED)
         finally:
             if key is not None:
-                self.channels.unregister(key)
+                channels.unregister(key)
             # a finished request's call ends on its own (`call_end` takes its end); any other
             # is cancelled, which aborts the request on its replica
             if call_end is None or not (finished or call_end.done()):
@@ -370,7 +382,7 @@ class OpenAIIngress:
     async def __del__(self) -> None:
         await self.pusher.stop()
         channels = self.serving.backend.channels
-        if channels is not None:
+        if channels is not None:  # (None also after falling back to Serve's calls)
             await channels.close()
 
 

@@ -11,6 +11,7 @@ or `LocalBackend` (an in-process `LLMServerImpl`, for tests and tools).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from contextlib import suppress
@@ -70,7 +71,10 @@ async def call_replicas(backend: Backend, request: GenerateRequest, max_replicas
     soonest: int | None = None  # the smallest Retry-After of the refusals
     for attempt in range(1, REPLICA_ATTEMPTS + 1):
         produced, retry, refused = False, False, False
-        stream = backend.generate(request)
+        # a retry has an id of its own: the attempt it replaces may still be aborting on the same
+        # replica (".": the hop log maps a replica's id to the ingress's by its last "-")
+        stream = backend.generate(request if attempt == 1 else
+                                  dataclasses.replace(request, request_id=f"{request.request_id}.{attempt}"))
         try:
             async for item in stream:
                 if isinstance(item, Started):

@@ -252,3 +252,42 @@ def test_a_replica_gone_mid_stream_fails_the_request_as_a_failed_replica():
 
     failed = asyncio.run(run())
     assert failed.code == REPLICA_FAILED and failed.status_code == 503
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def test_an_ingress_that_cannot_reach_any_channel_streams_through_the_calls():
+    """A firewall that lets Ray through but not the replicas' channel ports: the first request
+    is retried as one whose replica failed, the ingress stops asking for channels, and the
+    tokens come in the Serve calls. Once a channel has worked, an unreachable one is a failed
+    replica only (channels stay on)."""
+    async def run():
+        eng = paced_engine(6, 0.01)
+        impl = await _replica(eng)
+        good = impl.channel_server.address
+        impl.channel_server.address = ChannelAddress(HOST, _closed_port(), good.token)  # nothing listens there
+        backend = ServeBackend(_Handle(impl), ChannelClient("ingress:g"))
+        items = await _items(backend, _request("walled", 6))
+        fell_back = backend.channels is None
+
+        impl.channel_server.address = good
+        backend = ServeBackend(_Handle(impl), ChannelClient("ingress:h"))
+        assert isinstance((await _items(backend, _request("ok", 6)))[0].channel, ChannelAddress)
+        impl.channel_server.address = ChannelAddress(HOST, _closed_port(), good.token)
+        with pytest.raises(APIError) as failed:  # one replica only here: its attempts all fail
+            await _items(backend, _request("gone", 6))
+        kept = backend.channels is not None
+        await impl.channel_server.close()
+        eng.shutdown()
+        return items, fell_back, kept, failed.value
+
+    items, fell_back, kept, failed = asyncio.run(run())
+    assert fell_back and kept and failed.code == REPLICA_FAILED
+    assert isinstance(items[0], Started) and items[0].channel is None  # the retry asked for no channel
+    assert [t for d in items[1:] for t in d.seqs[0].token_ids] == [100 + k for k in range(6)]
