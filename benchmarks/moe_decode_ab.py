@@ -5,6 +5,11 @@ so each setting gets its own engine). Default: the 12-layer slice of Qwen3-Next-
 experts, top-10), dummy bf16 weights, one GPU.
 
     python benchmarks/moe_decode_ab.py [--model qwen3_next_80b_12l] [--batches 1,4,16] [--profile]
+    python benchmarks/moe_decode_ab.py --ab pdl --repeats 2   # one-row tiles, HYBRID_SERVE_PDL 0 / 1
+
+`--ab pdl` compares programmatic dependent launch off and on (kernels/_launch.py), both with
+one-row tiles, in alternating processes' engines (off, on, off, on, ...); the table gives each
+setting's median over its repeats.
 
 Roofline: the bytes a step reads (family_gpu_check.weight_accounting: every weight but the
 experts once, top_k / E of the experts at batch 1, the embedding's one row; at batch B the
@@ -33,14 +38,23 @@ from hybrid_serve import LLM  # noqa: E402
 def step_bytes(acct: dict, top_k: int, num_experts: int, batch: int) -> float:
     """Bytes a decode step of `batch` rows reads: the expected distinct experts of batch x top_k
     uniform picks, the rest once."""
+    if not num_experts:  # a dense model
+        return acct["weight_bytes_step_b1"]
     distinct = num_experts * (1 - (1 - top_k / num_experts) ** batch)
     expert_frac = distinct / num_experts
     other = acct["weight_bytes_step_b1"] - acct["expert_bytes_active_b1"]
     return other + acct["expert_bytes_total"] * expert_frac
 
 
-def run(model_dir: str, one_row: str, batches: list[int], steps: int, profile: bool) -> dict:
-    os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = one_row
+AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
+    "one_row": (("1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1"}), ("0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "0"})),
+    "pdl": (("pdl0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "0"}),
+            ("pdl1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "1"})),
+}
+
+
+def run(model_dir: str, env: dict, batches: list[int], steps: int, profile: bool) -> dict:
+    os.environ.update(env)  # read when the decode graphs are captured
     llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=max(batches),
               max_num_batched_tokens=4096, chunked_prefill_size=2048, enable_prefix_caching=False,
               max_model_len=2048)
@@ -64,29 +78,36 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,16")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ab", choices=sorted(AB_SETTINGS), default="one_row")
+    ap.add_argument("--repeats", type=int, default=1, help="engines per setting, alternating")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     bw = copy_bandwidth()
     device = torch.cuda.get_device_name(0)
     print(f"{device}: copy rate {bw / 1e12:.3f} TB/s", flush=True)
-    result = {"metric": "moe_decode_one_row_tiles_ab", "device": device, "model": args.model,
-              "copy_rate_TBps": bw / 1e12, "runs": {}}
+    (label_a, env_a), (label_b, env_b) = AB_SETTINGS[args.ab]
+    result = {"metric": f"moe_decode_{args.ab}_ab", "device": device, "model": args.model,
+              "copy_rate_TBps": bw / 1e12, "settings": {label_a: env_a, label_b: env_b}, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.model, tmp)
-        for one_row in ("1", "0"):
-            result["runs"][one_row] = run(model_dir, one_row, batches, args.steps, args.profile)
-    acct = result["runs"]["1"]["accounting"]
+        for repeat in range(args.repeats):
+            for label, env in ((label_a, env_a), (label_b, env_b)):
+                result["runs"].setdefault(label, []).append(run(model_dir, env, batches, args.steps, args.profile))
+                print(f"{label} #{repeat}: {result['runs'][label][-1]['step_ms']}", flush=True)
+    acct = result["runs"][label_a][0]["accounting"]
     hf = CONFIGS[args.model]()
-    print(f"{'batch':>5} {'one-row ms':>11} {'grouped ms':>11} {'roofline ms':>12} {'fraction':>9}")
+    print(f"{'batch':>5} {label_a + ' ms':>11} {label_b + ' ms':>11} {'roofline ms':>12} {'fraction':>9}")
     for b in batches:
-        floor = step_bytes(acct, hf.num_experts_per_tok, hf.num_experts, b) / bw * 1e3
-        on, off = result["runs"]["1"]["step_ms"][b], result["runs"]["0"]["step_ms"][b]
-        result.setdefault("table", []).append({"batch": b, "one_row_ms": on, "grouped_ms": off, "roofline_ms": floor,
-                                               "fraction_one_row": floor / on})
-        print(f"{b:>5} {on:>11.3f} {off:>11.3f} {floor:>12.3f} {floor / on:>9.1%}")
+        floor = step_bytes(acct, getattr(hf, "num_experts_per_tok", 0), getattr(hf, "num_experts", 0), b) / bw * 1e3
+        a = statistics.median(r["step_ms"][b] for r in result["runs"][label_a])
+        o = statistics.median(r["step_ms"][b] for r in result["runs"][label_b])
+        result.setdefault("table", []).append({"batch": b, f"{label_a}_ms": a, f"{label_b}_ms": o,
+                                               "roofline_ms": floor, f"fraction_{label_a}": floor / a,
+                                               f"fraction_{label_b}": floor / o})
+        print(f"{b:>5} {a:>11.3f} {o:>11.3f} {floor:>12.3f} {floor / a:>9.1%}  ({label_b}: {floor / o:.1%})")
     out_dir = os.environ.get("OUT", "./bench_out")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"moe_decode_ab_{args.model}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"moe_decode_{args.ab}_ab_{args.model}.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
 
 

@@ -12,7 +12,19 @@ compiled kernel's launcher directly. A miss (or launch hooks set, as profilers d
 through Triton's path, which compiles and launches; its compiled kernel is kept.
 
 `install_fast_launch(module_name)` wraps a module's launched kernels (`*_kernel` JIT functions),
-rebinding the names its call sites look up. On by default since 2026-11-28: the GPU suite passed
+rebinding the names its call sites look up.
+
+Programmatic dependent launch (PDL; on by default on Hopper and later, HYBRID_SERVE_PDL=0
+turns it off). A kernel that
+declares a `PDL: tl.constexpr = False` parameter and starts with `pdl_enter(PDL)`
+(kernels/_triton_common.py) is launched with `PDL=True` and Triton's `launch_pdl`: the GPU
+may start its programs while the kernel before it finishes, and they wait in `pdl_enter`
+until that kernel's writes are visible, so a chain of short decode kernels (a CUDA graph of
+~190 of them at batch 1) stops paying each launch's ramp in full. A kernel may read its
+weights before `pdl_enter` (the skinny linear prefetches its first tile). Rides on this
+wrapper: with the fast launch off, PDL is off.
+
+On by default since 2026-11-28: the GPU suite passed
 with it (session 13), and one prompt's TTFT on an H200 fell from 14.6 to 12.3 ms at 1k tokens
 (83.4 to 80.1 ms at 8k) on the 2.3B model (benchmarks/RESULTS.md). Never under Triton's
 interpreter (TRITON_INTERPRET=1), whose kernels have no compiled launcher.
@@ -23,10 +35,30 @@ import os
 import sys
 
 FAST_LAUNCH_ENV = "HYBRID_SERVE_TRITON_FAST_LAUNCH"
+PDL_ENV = "HYBRID_SERVE_PDL"
+PDL_DEFAULT = "1"  # on since 2026-11-29 (benchmarks/RESULTS.md, session 26)
+_PDL_DEVICES: dict[int, bool] = {}  # device index -> compute capability >= 9.0
 
 
 def fast_launch_enabled() -> bool:
     return os.environ.get(FAST_LAUNCH_ENV, "1") != "0" and os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+def pdl_enabled(device: int) -> bool:
+    """Whether kernels that declare PDL launch with it on `device`: HYBRID_SERVE_PDL (0 or 1,
+    default PDL_DEFAULT), read at every launch so one process can A/B it, and a Hopper or
+    later GPU (programmatic launch needs compute capability 9.0)."""
+    value = os.environ.get(PDL_ENV, PDL_DEFAULT)
+    if value not in ("0", "1"):
+        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
+    if value == "0":
+        return False
+    capable = _PDL_DEVICES.get(device)
+    if capable is None:
+        import torch
+
+        capable = _PDL_DEVICES[device] = torch.cuda.get_device_capability(device)[0] >= 9
+    return capable
 
 
 class FastLaunch:
@@ -36,6 +68,7 @@ class FastLaunch:
     def __init__(self, fn) -> None:
         self.fn = fn
         self.cache: dict = {}
+        self.declares_pdl = "PDL" in getattr(fn, "arg_names", ())
 
     def __getattr__(self, name):
         return getattr(self.fn, name)
@@ -48,6 +81,8 @@ class FastLaunch:
         from triton import knobs
 
         device = torch.cuda.current_device()
+        if self.declares_pdl and "PDL" not in kwargs and pdl_enabled(device):
+            kwargs = {**kwargs, "PDL": True, "launch_pdl": True}
         if _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook):
             return self.fn[grid](*args, **kwargs)
         caches = self.fn.device_caches.get(device)

@@ -7,6 +7,11 @@ import triton.language as tl
 
 from . import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 
+try:  # Triton >= 3.3 on CUDA; never traced unless a launch passes PDL=True (kernels/_launch.py)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: PDL stays off
+    gdc_launch_dependents = gdc_wait = None
+
 # torch float dtype -> Triton dtype, for kernels that round to or compute in a caller's dtype
 TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
@@ -19,3 +24,15 @@ def varlen_row(cu_ptr, slots_ptr, b, num_slots):
     end = tl.load(cu_ptr + b + 1).to(tl.int64)
     slot = tl.load(slots_ptr + b).to(tl.int64)
     return start, end, slot, (slot >= 0) & (slot < num_slots)
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """A kernel's first statement under programmatic dependent launch (PDL, Hopper and later;
+    kernels/_launch.py turns it on): wait until the kernels before this one in the stream have
+    finished and their writes are visible, then let the next kernel's programs start
+    launching. Everything before this call may read only what no earlier kernel writes (the
+    weights); with PDL off it is nothing."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -15,12 +15,15 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, y_ptr, F, stride_x, stride_y, ROUND_INPUT: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, y_ptr, F, stride_x, stride_y, ROUND_INPUT: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """ROUND_INPUT: gate and up rounded to y's dtype first (fp32 GEMM sums, as a GEMM in y's
     dtype would have stored them)."""
+    pdl_enter(PDL)
     t, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < F
@@ -60,7 +63,8 @@ def silu_and_mul(gate_up: torch.Tensor, out_dtype: torch.dtype | None = None) ->
 
 @triton.jit
 def _sigmoid_gate_mul_kernel(x_ptr, g_ptr, y_ptr, H, D, stride_xt, stride_xh, stride_gt, stride_gh,
-                             BLOCK_D: tl.constexpr):
+                             BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     t, h = tl.program_id(0), tl.program_id(1)
     offs = tl.arange(0, BLOCK_D)
     ok = offs < D
@@ -85,7 +89,8 @@ def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _relu2_kernel(x_ptr, y_ptr, F, stride_x, stride_y, BLOCK: tl.constexpr):
+def _relu2_kernel(x_ptr, y_ptr, F, stride_x, stride_y, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     t, pid = tl.program_id(0), tl.program_id(1)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     ok = offs < F

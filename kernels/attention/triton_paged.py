@@ -28,6 +28,7 @@ from .._common import (
     index_checks_enabled, max_seqlen, next_pow2,
 )
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 
 LOG2E = 1.4426950408889634
 
@@ -43,7 +44,9 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, DOT_PREC: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid, hk, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if ONE_BLOCK:  # every request fits one q block (decode): program = request, no cu_blocks
         b = pid
@@ -121,7 +124,9 @@ def _merge_splits_kernel(
     part_o_ptr, part_lse_ptr, o_ptr,
     stride_po_s, stride_po_t, stride_po_h, stride_pl_s, stride_pl_t, stride_o_t, stride_o_h,
     DV: tl.constexpr, BDV: tl.constexpr, NUM_SPLITS: tl.constexpr, BS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t, h = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs_s, offs_dv = tl.arange(0, BS), tl.arange(0, BDV)
     mask_s, mask_dv = offs_s < NUM_SPLITS, offs_dv < DV
@@ -139,7 +144,9 @@ def _store_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_kc_s, stride_kc_h, stride_vc_s, stride_vc_h,
     H: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     offs_h, offs_d, offs_dv = tl.arange(0, BH), tl.arange(0, BD), tl.arange(0, BDV)

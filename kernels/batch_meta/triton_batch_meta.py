@@ -13,6 +13,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import check_launch_device, check_tensor
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 from .ref import DecodeFields
 
 _BLOCK = 128
@@ -21,9 +22,10 @@ _BLOCK = 128
 # the step's size not specialized: one compiled variant for every graph size (kernels/__init__.py)
 @triton.jit(do_not_specialize=["SIZE"])
 def _decode_fields_kernel(meta_ptr, last_ptr, slot_ptr, r2t_ptr, stride_r2t, out32_ptr, out64_ptr, SIZE,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out32 = [req_rows | prefix_lens | state_slots], out64 = [positions | input_ids | kv_slots |
     logits_indices], each SIZE long."""
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < SIZE
     row = tl.load(meta_ptr + offs, mask=ok, other=0)

@@ -30,7 +30,7 @@ from .._common import (
     next_pow2, verify_scratch,
 )
 from .._launch import install_fast_launch
-from .._triton_common import varlen_row
+from .._triton_common import pdl_enter, varlen_row
 from .ref import ConvSnapshotIndex
 
 
@@ -55,7 +55,9 @@ def _causal_conv1d_varlen_kernel(
     K: tl.constexpr, KW_PAD: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     VERIFY: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, TILE: tl.constexpr,
     WRITE_WINDOW: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)
     seq_len = (end - start).to(tl.int32)

@@ -10,12 +10,14 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import check_launch_device, check_tensor
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["n"])
 def _gdn_gating_kernel(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, n, stride_a, stride_b,
-                       HV: tl.constexpr, BLOCK: tl.constexpr):
+                       HV: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # over the [T, HV] outputs
     mask = offs < n
     row, head = offs // HV, offs % HV

@@ -10,12 +10,14 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["num_rows"])
 def _l2norm_kernel(x_ptr, y_ptr, num_rows, n_inner, eps, stride_x_o, stride_x_i,
-                   D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr):
+                   D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     outer, inner = (rows // n_inner).to(tl.int64), rows % n_inner
     offs = tl.arange(0, BD)

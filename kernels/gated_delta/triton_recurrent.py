@@ -32,7 +32,7 @@ from .._common import (
     max_seqlen, next_pow2, verify_scratch,
 )
 from .._launch import install_fast_launch
-from .._triton_common import varlen_row
+from .._triton_common import pdl_enter, varlen_row
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -50,7 +50,9 @@ def _gated_delta_recurrent_kernel(
     NUM_V_HEADS: tl.constexpr, HEADS_PER_K: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_L2NORM: tl.constexpr, VERIFY: tl.constexpr,
     FUSED_GATING: tl.constexpr, WRITE_POOL: tl.constexpr, DEFER: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid_v, b, hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     h = hv // HEADS_PER_K
     start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)

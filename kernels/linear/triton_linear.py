@@ -25,6 +25,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -33,7 +34,10 @@ _HALF_DTYPES = (torch.float16, torch.bfloat16)
 @triton.jit
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                           HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          PDL: tl.constexpr = False):
+    """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
+    the kernel before this one finishes (no kernel writes a weight)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -42,7 +46,16 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BN, BK]
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    if EVEN_K and EVEN_N:
+        w = tl.load(w_ptrs)
+    else:
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl_enter(PDL)
+    xv = tl.load(x_ptrs, mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
+    w_ptrs += BLOCK_K
+    x_ptrs += BLOCK_K
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         if EVEN_K:
             if EVEN_N:
                 w = tl.load(w_ptrs)
@@ -125,10 +138,11 @@ FEW_ROWS_MAX_ROWS = 16  # most rows of x the tensor-core few-rows kernel takes (
 def _few_rows_dot_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                          HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                          W_LEFT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
+                         BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """One program: BLOCK_N output features of all (<= BLOCK_M) rows over the whole of K, on
     tensor cores. W_LEFT computes W_tile @ x^T ([BLOCK_N, BLOCK_M], the weight as the MMA's
     M side, so BLOCK_N >= 64 can use Hopper's warpgroup MMA), otherwise x @ W_tile^T."""
+    pdl_enter(PDL)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)

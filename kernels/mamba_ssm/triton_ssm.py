@@ -24,7 +24,7 @@ from .._common import (
     next_pow2, verify_scratch,
 )
 from .._launch import install_fast_launch
-from .._triton_common import varlen_row
+from .._triton_common import pdl_enter, varlen_row
 
 
 @triton.jit
@@ -47,7 +47,9 @@ def _selective_state_update_kernel(
     HEADS_PER_GROUP: tl.constexpr, P: tl.constexpr, N: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr,
     HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, VERIFY: tl.constexpr,
     WRITE_POOL: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     pid_p, b, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     grp = h // HEADS_PER_GROUP
     start, end, slot, has_state = varlen_row(cu_ptr, slots_ptr, b, num_slots)

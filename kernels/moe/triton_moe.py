@@ -32,18 +32,19 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from ..switch import moe_one_row_tiles_allowed
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
-from .._triton_common import TL_DTYPE
+from .._triton_common import TL_DTYPE, pdl_enter
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["num_tokens"])
 def _topk_softmax_kernel(logits_ptr, w_ptr, ids_ptr, num_tokens, num_experts, stride_l,
                          TOP_K: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr, BT: tl.constexpr,
-                         RENORMALIZE: tl.constexpr):
+                         RENORMALIZE: tl.constexpr, PDL: tl.constexpr = False):
     """BT tokens' rows [BT, BE] in registers: fp32 softmax, then TOP_K rounds of one max over
     packed int64 keys (prob bits << 32 | BE-1-expert: the highest prob, the lowest id among equal
     probs, in a single reduction), the winner struck out. Weights and ids stay in registers
     ([BT, KP]) and are stored once, weights in w_ptr's dtype (the logits')."""
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BT + tl.arange(0, BT)
     offs_e = tl.arange(0, BE)
     row_ok = rows < num_tokens
@@ -92,12 +93,13 @@ def _moe_gemm_kernel(a_ptr, w_ptr, out_ptr, sorted_rows_ptr, tile_expert_ptr, we
                      num_assign, num_experts, n_out, k_in, stride_a, stride_we, stride_wn, stride_out,
                      A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, RELU2: tl.constexpr, SCALE_ROWS: tl.constexpr,
                      ONE_ROW_TILES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr):
+                     BLOCK_K: tl.constexpr, DOT_PREC: tl.constexpr, PDL: tl.constexpr = False):
     """out[a, n] = act(A[a // A_ROW_DIV] @ W_e[n]^T) for the rows of one expert tile.
     GATED: W_e rows [gate (n_out) | up (n_out)], act = silu(gate) * up. RELU2: act = relu(.)^2.
     SCALE_ROWS: * weights[a]. ONE_ROW_TILES: tile m is assignment m alone, its expert
     tile_expert[m] (the flat top-k ids; sorted_rows unused): no grouping pass. A row's values
     do not depend on the other rows of its tile, so both layouts give the same bits."""
+    pdl_enter(PDL)
     tile, pid_n = tl.program_id(0), tl.program_id(1)
     if ONE_ROW_TILES:
         expert = tl.load(tile_expert_ptr + tile)
@@ -165,11 +167,12 @@ def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool,
 @triton.jit
 def _combine_topk_kernel(y_ptr, out_ptr, shared_ptr, gate_ptr, hidden, stride_shared, stride_gate,
                          TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SHARED: tl.constexpr,
-                         HAS_GATE: tl.constexpr, GATE_DTYPE: tl.constexpr):
+                         HAS_GATE: tl.constexpr, GATE_DTYPE: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, cols] = sum_{k = 0..K-1} y[t*K + k, cols], added in slot order (fp32), then
     HAS_SHARED: + g[t] * shared[t, cols], g = sigmoid(gate[t]) with the logit and the sigmoid
     each rounded to GATE_DTYPE (the model's dtype, as its own linear and sigmoid would), or
     g = 1 without HAS_GATE. One rounding to out's dtype at the end."""
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < hidden

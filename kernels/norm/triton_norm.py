@@ -20,7 +20,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
-from .._triton_common import TL_DTYPE
+from .._triton_common import TL_DTYPE, pdl_enter
 
 MODE_PLAIN, MODE_ZERO_CENTER, MODE_GATED, MODE_GATE_FIRST, MODE_FP32_WEIGHT = 0, 1, 2, 3, 4
 
@@ -37,7 +37,9 @@ def _rms_norm_kernel(
     stride_x_o, stride_x_i, stride_g_o, stride_g_i, stride_y_o, stride_y_i, w_row_stride,
     D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, MODE: tl.constexpr,
     X_DTYPE: tl.constexpr, PROD_DTYPE: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)  # [BR]
     outer, inner = (rows // n_inner).to(tl.int64), rows % n_inner
     offs_d = tl.arange(0, BD)
@@ -146,7 +148,9 @@ def grouped_gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Te
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["num_rows"])
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, num_rows, eps, stride_x, stride_r,
-                         D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, MODE: tl.constexpr):
+                         D: tl.constexpr, BD: tl.constexpr, BLOCK_R: tl.constexpr, MODE: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     rows = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)  # [BR]
     offs_d = tl.arange(0, BD)
     mask = (rows < num_rows)[:, None] & (offs_d < D)[None, :]

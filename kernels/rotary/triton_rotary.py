@@ -18,7 +18,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
-from .._triton_common import TL_DTYPE
+from .._triton_common import TL_DTYPE, pdl_enter
 
 
 
@@ -54,7 +54,9 @@ def _rotary_neox_kernel(
     stride_q_t, stride_q_h, stride_k_t, stride_k_h, stride_qo_t, stride_qo_h, stride_ko_t, stride_ko_h,
     HALF: tl.constexpr, BHALF: tl.constexpr, D: tl.constexpr, BPASS: tl.constexpr, BHQ: tl.constexpr,
     BHK: tl.constexpr, TABLE_DTYPE: tl.constexpr, COPY_PASS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.float32)
     offs_r = tl.arange(0, BHALF)

@@ -21,12 +21,14 @@ from triton.language.random import philox, uint_to_uniform_float
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
+from .._triton_common import pdl_enter
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
 @triton.jit(do_not_specialize=["temp_ptr", "seeds_ptr", "offsets_ptr"])
 def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seeds_ptr, offsets_ptr, out_ptr, vocab, stride_l,
-                          APPLY_TEMPERATURE: tl.constexpr, BLOCK_V: tl.constexpr):
+                          APPLY_TEMPERATURE: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     b = tl.program_id(0)
     temp = tl.load(temp_ptr + b).to(tl.float32)
     greedy = temp <= 0.0

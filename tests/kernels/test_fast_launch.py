@@ -99,3 +99,51 @@ def test_install_only_when_enabled(monkeypatch):
     monkeypatch.delenv(_launch.FAST_LAUNCH_ENV)
     _launch.install_fast_launch(module.__name__)  # enabled, but not a JIT function
     assert not isinstance(module.marker_kernel, _launch.FastLaunch)
+
+
+class _PdlJit(_Jit):
+    """A kernel declaring `PDL: tl.constexpr = False`: the binder records PDL and the options."""
+    arg_names = ["x", "n", "BLOCK", "PDL"]
+
+    def _binder(self, x, n, BLOCK, PDL=False, **options):
+        bound, spec, options = super()._binder(x, n, BLOCK, **options)
+        return {**bound, "PDL": PDL}, spec + [("constexpr", PDL)], options
+
+
+def last_pdl(jit: _Jit) -> bool:
+    """The PDL argument of the last launch, through the JIT path or a kept kernel."""
+    kind, *launch = jit.log[-1]
+    return launch[1][-1] if kind == "jit" else launch[0][-1]
+
+
+def test_pdl_launches_kernels_that_declare_it(fake_cuda, monkeypatch):
+    """HYBRID_SERVE_PDL=1 on a Hopper-class device: a kernel with a PDL parameter launches with
+    PDL=True and Triton's launch_pdl option (a kernel of its own in the cache); off by the
+    variable, on an older GPU, for a kernel without the parameter, or where the caller passes PDL."""
+    capability = {"major": 9}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device: (capability["major"], 0))
+    monkeypatch.setattr(_launch, "_PDL_DEVICES", {})
+    jit, plain = _PdlJit(), _Jit()
+    fast, fast_plain = _launch.FastLaunch(jit), _launch.FastLaunch(plain)
+    assert fast.declares_pdl and not fast_plain.declares_pdl
+    monkeypatch.delenv(_launch.PDL_ENV, raising=False)  # on by default
+    for _ in range(3):
+        fast[(2,)]("x", 16, BLOCK=32)
+        fast_plain[(2,)]("x", 16, BLOCK=32)
+    assert jit.log[-1] == ("run", (2, 1, 1, 77, "fn", "meta", None, None, None, "x", 16, 32, True))
+    assert list(jit.compiled) == [((("*fp32", "D"), ("i32", "D"), ("constexpr", 32), ("constexpr", True)),
+                                   (("launch_pdl", True),))]
+    assert plain.log[-1] == ("run", (2, 1, 1, 77, "fn", "meta", None, None, None, "x", 16, 32))
+    fast[(2,)]("x", 16, BLOCK=32, PDL=False)  # the caller's choice stands
+    assert last_pdl(jit) is False
+    monkeypatch.setenv(_launch.PDL_ENV, "0")
+    fast[(2,)]("x", 16, BLOCK=32)
+    assert last_pdl(jit) is False
+    monkeypatch.setenv(_launch.PDL_ENV, "1")
+    monkeypatch.setattr(_launch, "_PDL_DEVICES", {})
+    capability["major"] = 8  # an A100: no programmatic launch
+    fast[(2,)]("x", 16, BLOCK=32)
+    assert last_pdl(jit) is False
+    monkeypatch.setenv(_launch.PDL_ENV, "yes")
+    with pytest.raises(ValueError, match="HYBRID_SERVE_PDL must be 0 or 1, got 'yes'"):
+        fast[(2,)]("x", 16, BLOCK=32)

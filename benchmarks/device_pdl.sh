@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Programmatic dependent launch (kernels/_launch.py, HYBRID_SERVE_PDL) on one GPU: its GPU tests
+# (a kernel chain in a CUDA graph, every family's bf16 tokens with and without PDL), the kernel
+# tests with PDL on, then decode steps with PDL off and on in alternating engines: the
+# Qwen3-Next 12-layer slice (batch 1 and 4, against its bytes-moved roofline) and the 2.3B
+# model, and the slice's batch-1 kernel table with PDL on.
+# Usage (device machine, repo root): bash benchmarks/device_pdl.sh  [writes to $OUT]
+set -uo pipefail
+OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+git log -1 --format=%h 2>/dev/null
+STEPS=${STEPS:-tests ab2p3b abnext profile}
+for step in $STEPS; do
+  case $step in
+    tests)
+      HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
+        tests/kernels/test_linear.py tests/kernels/test_norm.py tests/kernels/test_moe_kernels.py \
+        tests/kernels/test_gated_delta.py tests/kernels/test_activation.py 2>&1 | tee "$OUT/pdl_tests.log" | tail -15 ;;
+    abnext)
+      timeout 300 python3 benchmarks/moe_decode_ab.py --ab pdl --repeats ${REPEATS:-2} --batches 1,4 2>&1 \
+        | tee "$OUT/pdl_ab_next.log" | grep -v "^\[" | tail -12 ;;
+    ab2p3b)
+      timeout 240 python3 benchmarks/moe_decode_ab.py --ab pdl --repeats ${REPEATS:-2} --model qwen3_5_2p3b \
+        --batches 1,16 2>&1 | tee "$OUT/pdl_ab_2p3b.log" | grep -v "^\[" | tail -12 ;;
+    profile)
+      HYBRID_SERVE_PDL=1 timeout 200 python3 benchmarks/moe_profile_bs1.py 2>&1 | tee "$OUT/pdl_profile.log" | tail -30 ;;
+  esac
+done
