@@ -3,7 +3,9 @@
 # (a kernel chain in a CUDA graph, every family's bf16 tokens with and without PDL), the kernel
 # tests with PDL on, then decode steps with PDL off and on in alternating engines: the
 # Qwen3-Next 12-layer slice (batch 1 and 4, against its bytes-moved roofline) and the 2.3B
-# model, and the slice's batch-1 kernel table with PDL on.
+# model, and the slice's batch-1 kernel table with PDL on. STEPS picks; `tree` compares this
+# tree's default decode step with OLD_TREE's (e.g. `git archive REV --prefix=hybrid_serve/`
+# unpacked under .devold/, carried) in alternating processes, two each.
 # Usage (device machine, repo root): bash benchmarks/device_pdl.sh  [writes to $OUT]
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
@@ -16,14 +18,22 @@ for step in $STEPS; do
   case $step in
     tests)
       HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
-        tests/kernels/test_linear.py tests/kernels/test_norm.py tests/kernels/test_moe_kernels.py \
-        tests/kernels/test_gated_delta.py tests/kernels/test_activation.py 2>&1 | tee "$OUT/pdl_tests.log" | tail -15 ;;
+        tests/kernels/test_linear.py tests/kernels/test_moe_kernels.py ${EXTRA_TESTS:-tests/kernels/test_norm.py \
+        tests/kernels/test_gated_delta.py tests/kernels/test_activation.py} tests/gpu/test_decode_fusions.py 2>&1 | tee "$OUT/pdl_tests.log" | tail -15 ;;
     abnext)
       timeout 300 python3 benchmarks/moe_decode_ab.py --ab pdl --repeats ${REPEATS:-2} --batches 1,4 2>&1 \
         | tee "$OUT/pdl_ab_next.log" | grep -v "^\[" | tail -12 ;;
     ab2p3b)
       timeout 240 python3 benchmarks/moe_decode_ab.py --ab pdl --repeats ${REPEATS:-2} --model qwen3_5_2p3b \
         --batches 1,16 2>&1 | tee "$OUT/pdl_ab_2p3b.log" | grep -v "^\[" | tail -12 ;;
+    tree)  # this tree against OLD_TREE (a directory holding an older hybrid_serve/), alternating processes
+      for r in 1 2; do
+        for t in old new; do
+          if [ $t = old ]; then pp=$OLD_TREE; else pp=; fi
+          PYTHONPATH=$pp OUT=$OUT/tree_$t$r timeout 150 python3 benchmarks/moe_decode_ab.py --ab none --model ${TREE_MODEL:-qwen3_next_80b_12l} \
+            --batches ${TREE_BATCHES:-1,4} 2>&1 | grep -v "^\[" | tail -2
+        done
+      done 2>&1 | tee "$OUT/tree_ab.log" ;;
     profile)
       HYBRID_SERVE_PDL=1 timeout 200 python3 benchmarks/moe_profile_bs1.py 2>&1 | tee "$OUT/pdl_profile.log" | tail -30 ;;
   esac

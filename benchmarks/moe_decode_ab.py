@@ -50,6 +50,7 @@ AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
     "one_row": (("1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1"}), ("0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "0"})),
     "pdl": (("pdl0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "0"}),
             ("pdl1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "1"})),
+    "none": (("default", {}),),  # one engine per repeat with every setting at its default (tree A/B runs)
 }
 
 
@@ -85,26 +86,28 @@ def main() -> None:
     bw = copy_bandwidth()
     device = torch.cuda.get_device_name(0)
     print(f"{device}: copy rate {bw / 1e12:.3f} TB/s", flush=True)
-    (label_a, env_a), (label_b, env_b) = AB_SETTINGS[args.ab]
+    settings = AB_SETTINGS[args.ab]
     result = {"metric": f"moe_decode_{args.ab}_ab", "device": device, "model": args.model,
-              "copy_rate_TBps": bw / 1e12, "settings": {label_a: env_a, label_b: env_b}, "runs": {}}
+              "copy_rate_TBps": bw / 1e12, "settings": dict(settings), "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_model_dir(args.model, tmp)
         for repeat in range(args.repeats):
-            for label, env in ((label_a, env_a), (label_b, env_b)):
+            for label, env in settings:
                 result["runs"].setdefault(label, []).append(run(model_dir, env, batches, args.steps, args.profile))
                 print(f"{label} #{repeat}: {result['runs'][label][-1]['step_ms']}", flush=True)
-    acct = result["runs"][label_a][0]["accounting"]
+    labels = [label for label, _ in settings]
+    acct = result["runs"][labels[0]][0]["accounting"]
     hf = CONFIGS[args.model]()
-    print(f"{'batch':>5} {label_a + ' ms':>11} {label_b + ' ms':>11} {'roofline ms':>12} {'fraction':>9}")
+    print(f"{'batch':>5} " + " ".join(f"{label + ' ms':>11}" for label in labels) + f" {'roofline ms':>12} fraction")
     for b in batches:
         floor = step_bytes(acct, getattr(hf, "num_experts_per_tok", 0), getattr(hf, "num_experts", 0), b) / bw * 1e3
-        a = statistics.median(r["step_ms"][b] for r in result["runs"][label_a])
-        o = statistics.median(r["step_ms"][b] for r in result["runs"][label_b])
-        result.setdefault("table", []).append({"batch": b, f"{label_a}_ms": a, f"{label_b}_ms": o,
-                                               "roofline_ms": floor, f"fraction_{label_a}": floor / a,
-                                               f"fraction_{label_b}": floor / o})
-        print(f"{b:>5} {a:>11.3f} {o:>11.3f} {floor:>12.3f} {floor / a:>9.1%}  ({label_b}: {floor / o:.1%})")
+        row = {"batch": b, "roofline_ms": floor}
+        for label in labels:
+            row[f"{label}_ms"] = statistics.median(r["step_ms"][b] for r in result["runs"][label])
+            row[f"fraction_{label}"] = floor / row[f"{label}_ms"]
+        result.setdefault("table", []).append(row)
+        print(f"{b:>5} " + " ".join(f"{row[label + '_ms']:>11.3f}" for label in labels) + f" {floor:>12.3f} "
+              + " / ".join(f"{row['fraction_' + label]:.1%}" for label in labels))
     out_dir = os.environ.get("OUT", "./bench_out")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"moe_decode_{args.ab}_ab_{args.model}.json"), "w") as f:

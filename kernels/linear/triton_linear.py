@@ -25,19 +25,40 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
-from .._triton_common import pdl_enter
+from .._triton_common import TL_DTYPE, pdl_enter
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @triton.jit
+def _skinny_x_tile(x_ptrs, K, mask, w_dtype: tl.constexpr, X_SILU_AND_MUL: tl.constexpr):
+    """One [BM, BK] tile of the product's input: x itself, or silu(gate) * up from [gate | up]
+    rows (gate at x_ptrs, up K values on), rounded as kernels/activation's silu_and_mul rounds."""
+    if X_SILU_AND_MUL:
+        gate = tl.load(x_ptrs, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
+        up = tl.load(x_ptrs + K, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
+        xv = (gate / (1.0 + tl.exp(-gate)) * up).to(w_dtype)
+    else:
+        xv = tl.load(x_ptrs, mask=mask, other=0.0)
+    return xv
+
+
+@triton.jit
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                           HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          PDL: tl.constexpr = False):
+                          X_SILU_AND_MUL: tl.constexpr = False, rows_ptr=None, gate_ptr=None, stride_gate=0,
+                          TOP_K: tl.constexpr = 0, HAS_GATE: tl.constexpr = False,
+                          GATE_DTYPE: tl.constexpr = tl.float32, PDL: tl.constexpr = False):
     """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
-    the kernel before this one finishes (no kernel writes a weight)."""
+    the kernel before this one finishes (no kernel writes a weight). X_SILU_AND_MUL: row m of x
+    is [gate | up] (2K values, any float dtype) and the product's input is silu(gate) * up as
+    kernels/activation's silu_and_mul(out_dtype=W's dtype) stores it (gate and up rounded to W's
+    dtype first, fp32 math, the result rounded to W's dtype): that launch folded into this one.
+    TOP_K > 0: y[m] = sum_{k < TOP_K} rows[m * TOP_K + k] (fp32, slot order) + g[m] * (x W^T)[m],
+    g = sigmoid(gate[m]) with the logit and the sigmoid rounded to GATE_DTYPE (1 without
+    HAS_GATE), rounded once: kernels/moe's combine with this product as its shared term."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -51,7 +72,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_enter(PDL)
-    xv = tl.load(x_ptrs, mask=m_ok[:, None] & (offs_k < K)[None, :], other=0.0)
+    xv = _skinny_x_tile(x_ptrs, K, m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_SILU_AND_MUL)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
     w_ptrs += BLOCK_K
     x_ptrs += BLOCK_K
@@ -61,38 +82,57 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                 w = tl.load(w_ptrs)
             else:
                 w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-            xv = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            xv = _skinny_x_tile(x_ptrs, K, m_ok[:, None], w.dtype, X_SILU_AND_MUL)
         else:
             k_ok = (k0 + offs_k) < K
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            xv = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            xv = _skinny_x_tile(x_ptrs, K, m_ok[:, None] & k_ok[None, :], w.dtype, X_SILU_AND_MUL)
         acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     y = tl.sum(acc, axis=2)  # [BM, BN]
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    if TOP_K > 0:
+        if HAS_GATE:
+            logit = tl.load(gate_ptr + offs_m * stride_gate, mask=m_ok, other=0.0).to(GATE_DTYPE).to(tl.float32)
+            g = (1.0 / (1.0 + tl.exp(-logit))).to(GATE_DTYPE).to(tl.float32)
+            y = y * g[:, None]
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        row_mask = m_ok[:, None] & n_ok[None, :]
+        for k in tl.static_range(TOP_K):
+            total += tl.load(rows_ptr + (offs_m[:, None].to(tl.int64) * TOP_K + k) * N + offs_n[None, :],
+                             mask=row_mask, other=0.0)
+        y = total + y
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-             out_dtype: torch.dtype | None, max_rows: int) -> tuple[torch.Tensor, int, int, int, bool]:
+             out_dtype: torch.dtype | None, max_rows: int,
+             x_silu_and_mul: bool = False) -> tuple[torch.Tensor, int, int, int, bool]:
     """Both kernels' contract checks and output: (y [M, N] in out_dtype, M, N, K, done), where
     `done` means nothing is left to launch (no rows or outputs: y is empty; K = 0: y is the bias
-    or zeros)."""
+    or zeros). x_silu_and_mul: x is [M, 2K] (gate | up) in any float dtype."""
     check_launch_device(name, x)
-    check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
-    m, k = x.shape
+    if x_silu_and_mul:
+        check_tensor("x", x, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES))
+        if x.shape[1] % 2:
+            raise ValueError(f"x_silu_and_mul takes rows of [gate | up]: x's last dim must be even, got {x.shape[1]}")
+        m, k = x.shape[0], x.shape[1] // 2
+        check_tensor("weight", weight, ndim=2, dtypes=_HALF_DTYPES, shape=(None, k), device=x.device)
+    else:
+        check_tensor("x", x, ndim=2, dtypes=_HALF_DTYPES)
+        m, k = x.shape
+        check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
     if m > max_rows:
         raise ValueError(f"{name} takes at most {max_rows} rows, got {m}")
-    check_tensor("weight", weight, ndim=2, dtypes=(x.dtype,), shape=(None, k), device=x.device)
     n = weight.shape[0]
     if bias is not None:
         check_tensor("bias", bias, ndim=1, shape=(n,), device=x.device)
-    out_dtype = out_dtype or x.dtype
-    if out_dtype not in (x.dtype, torch.float32):
-        raise ValueError(f"out_dtype must be x's dtype or torch.float32, got {out_dtype}")
+    out_dtype = out_dtype or weight.dtype
+    if out_dtype not in (weight.dtype, torch.float32):
+        raise ValueError(f"out_dtype must be the weight's dtype or torch.float32, got {out_dtype}")
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return y, m, n, k, True
@@ -112,13 +152,36 @@ def skinny_config(m: int, k: int) -> dict:
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  out_dtype: torch.dtype | None = None, *, block_n: int | None = None,
-                  block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                  out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False,
+                  topk_rows: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
+                  block_n: int | None = None, block_k: int | None = None,
+                  num_warps: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default x's dtype;
-    torch.float32 gives the unrounded sums for a tensor-parallel reduce). block_n / block_k /
-    num_warps override `skinny_config` (benchmarks)."""
-    y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS)
+    torch.float32 gives the unrounded sums for a tensor-parallel reduce).
+    x_silu_and_mul: x is [M, 2K] (gate | up, fp32 or W's dtype) and the product is
+    silu_and_mul(x, out_dtype=W's dtype) W^T, the activation computed in this launch (the bits
+    of the two launches).
+    topk_rows: [M * K, N] fp32, the weighted expert rows of kernels/moe's fused_moe(combine=False):
+    the result is their sum per row plus this product times sigmoid(shared_gate [M, 1]) where
+    given (a MoE block's shared expert down projection and the experts' combine in one launch,
+    the bits of fused_moe(shared=, shared_gate=) over this product in fp32).
+    block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
+    y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul)
+    top_k = 0
+    if topk_rows is not None:
+        check_tensor("topk_rows", topk_rows, ndim=2, dtypes=(torch.float32,), device=x.device)
+        if m == 0 or topk_rows.shape[1] != n or topk_rows.shape[0] % m or not topk_rows.is_contiguous():
+            raise ValueError(f"topk_rows must be a contiguous [M * K, {n}] tensor for {m} rows, "
+                             f"got {tuple(topk_rows.shape)}")
+        top_k = topk_rows.shape[0] // m
+        if k == 0 or bias is not None:
+            raise ValueError("topk_rows needs K > 0 and no bias")
+    if shared_gate is not None:
+        if topk_rows is None:
+            raise ValueError("shared_gate needs topk_rows (it gates the product in their sum)")
+        check_tensor("shared_gate", shared_gate, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES), shape=(m, 1),
+                     device=x.device, last_contiguous=False)
     if done:
         return y
     cfg = skinny_config(m, k)
@@ -127,7 +190,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
-        BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk, X_SILU_AND_MUL=x_silu_and_mul,
+        rows_ptr=topk_rows if topk_rows is not None else weight,
+        gate_ptr=shared_gate if shared_gate is not None else weight, stride_gate=shared_gate.stride(0) if shared_gate is not None else 0,
+        TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype], num_warps=warps)
     return y
 
 

@@ -30,18 +30,25 @@ def moe_topk_softmax_ref(router_logits: torch.Tensor, top_k: int, renormalize: b
 
 def fused_moe_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None,
-                  shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+                  shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
+                  combine: bool = True) -> torch.Tensor:
     """x: [T, H]; gate_up_proj: [E, 2I, H] ("silu") or up_proj [E, I, H] ("relu2"); down_proj:
     [E, H, I]; topk_weights, topk_ids: [T, K]. Returns [T, H] in out_dtype (default x's dtype).
     As the kernel: the expert outputs and their weighted sum stay fp32, rounded once at the end
     (so a rank's fp32 partial sum under tensor parallelism carries no per-expert rounding).
     shared [T, H]: added to the sum, times sigmoid(shared_gate [T, 1]) if given (logit and
-    sigmoid rounded to x's dtype, as the model's gate linear and sigmoid round them)."""
+    sigmoid rounded to x's dtype, as the model's gate linear and sigmoid round them).
+    combine=False: the weighted expert rows before their sum, [T * K, H] fp32 (row t * K + k:
+    topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])); no shared term."""
+    if not combine and shared is not None:
+        raise ValueError("combine=False returns the expert rows alone: shared joins the sum it skips")
     if shared_gate is not None and shared is None:
         raise ValueError("shared_gate needs shared (the term it gates)")
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    top_k = topk_ids.shape[1]
+    rows = torch.zeros(x.shape[0] * top_k, x.shape[1], dtype=torch.float32, device=x.device)
     for expert_id in torch.unique(topk_ids).tolist():
         token_idx, k_idx = torch.where(topk_ids == expert_id)  # [n], [n]
         h = F.linear(x[token_idx], gate_up_proj[expert_id])  # [n, 2I] or [n, I]
@@ -52,6 +59,9 @@ def fused_moe_ref(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.
             h = F.relu(h).square()
         y = F.linear(h.float(), down_proj[expert_id].float())  # [n, H] fp32
         out.index_add_(0, token_idx, y * topk_weights[token_idx, k_idx, None].float())
+        rows[token_idx * top_k + k_idx] = y * topk_weights[token_idx, k_idx, None].float()
+    if not combine:
+        return rows
     if shared is not None:
         gate = 1.0 if shared_gate is None else torch.sigmoid(shared_gate.to(x.dtype)).float()
         out = out + gate * shared.float()

@@ -218,7 +218,8 @@ def one_row_tiles(num_assign: int, num_experts: int) -> bool:
 
 def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None,
-              shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+              shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
+              combine: bool = True) -> torch.Tensor:
     """Routed experts: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])
     (+ g[t] * shared[t]).
 
@@ -232,7 +233,12 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     linear and sigmoid round them.
     Returns [T, H] in out_dtype (default x's dtype; the sum stays fp32 until then), the
     rank-local partial sum under tensor parallelism.
+    combine=False: no sum, the weighted expert rows [T * K, H] fp32 (row t * K + k), for a
+    later launch that adds them in slot order (kernels/linear's skinny_linear with topk_rows:
+    the shared expert's down projection); no shared term then.
     """
+    if not combine and shared is not None:
+        raise ValueError("combine=False returns the expert rows alone: shared joins the sum it skips")
     if activation not in ("silu", "relu2"):
         raise ValueError(f"unsupported activation {activation!r} (supported: 'silu', 'relu2')")
     gated = activation == "silu"
@@ -260,6 +266,8 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
                      device=x.device)
     out_dtype = out_dtype or x.dtype
     if num_tokens == 0:
+        if not combine:
+            return torch.zeros(0, hidden, dtype=torch.float32, device=x.device)
         return torch.zeros(x.shape, dtype=out_dtype, device=x.device)
     num_assign = num_tokens * top_k
     block_m = 16 if num_assign <= 4 * num_experts * 16 else 64
@@ -285,6 +293,8 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
             A_ROW_DIV=div, GATED=first and gated, RELU2=first and not gated, SCALE_ROWS=not first,
             ONE_ROW_TILES=one_row, BLOCK_M=block_m, BLOCK_N=block_n,
             BLOCK_K=block_k, DOT_PREC=prec, num_warps=warps, num_stages=stages)
+    if not combine:
+        return y
     out = torch.empty(num_tokens, hidden, dtype=out_dtype, device=x.device)
     block_h = min(1024, next_pow2(hidden))
     _combine_topk_kernel[(num_tokens, triton.cdiv(hidden, block_h))](

@@ -110,19 +110,23 @@ class RowParallelLinear(nn.Module):
         attach_segmented_loader(self.weight, [input_size], dim=1)
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if partial_sum_dtype(x.dtype) != x.dtype:  # fp32 partial sums, rounded once after the reduce
-            y = all_reduce(ops.linear(x, self.weight, out_dtype=torch.float32)).to(x.dtype)
+    def forward(self, x: torch.Tensor, x_silu_and_mul: bool = False) -> torch.Tensor:
+        """x_silu_and_mul: x is [..., 2 * in/tp] (gate | up) and the input is silu(gate) * up
+        (ops.linear: in the skinny kernel's launch at one row)."""
+        model_dtype = self.weight.dtype if x_silu_and_mul else x.dtype
+        if partial_sum_dtype(model_dtype) != model_dtype:  # fp32 partial sums, rounded once after the reduce
+            y = all_reduce(ops.linear(x, self.weight, out_dtype=torch.float32,
+                                      x_silu_and_mul=x_silu_and_mul)).to(model_dtype)
         else:
-            y = all_reduce(ops.linear(x, self.weight))
+            y = all_reduce(ops.linear(x, self.weight, x_silu_and_mul=x_silu_and_mul))
         return y if self.bias is None else y + self.bias
 
-    def partial(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    def partial(self, x: torch.Tensor, out_dtype: torch.dtype, x_silu_and_mul: bool = False) -> torch.Tensor:
         """x_r W_r^T in out_dtype, not reduced (the caller all-reduces; no bias: it would be
-        added once per rank)."""
+        added once per rank). x_silu_and_mul: as `forward`."""
         if self.bias is not None:
             raise ValueError("a partial sum of a row-parallel linear with a bias is not defined")
-        return ops.linear(x, self.weight, out_dtype=out_dtype)
+        return ops.linear(x, self.weight, out_dtype=out_dtype, x_silu_and_mul=x_silu_and_mul)
 
 
 class ReplicatedLinear(nn.Module):

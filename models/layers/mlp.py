@@ -4,7 +4,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from . import ops
 from .linear import ColumnParallelLinear, LinearGroup, RowParallelLinear
 
 
@@ -21,7 +20,7 @@ class GatedMLP(nn.Module):
             self.gate_up.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up.concatenated(x)))
+        return self.down_proj(self.gate_up.concatenated(x), x_silu_and_mul=True)
 
     def partial(self, x: torch.Tensor, out_dtype: torch.dtype, gate_up: torch.Tensor | None = None) -> torch.Tensor:
         """x: [T, H] -> this rank's partial sum [T, H] in out_dtype, before the all-reduce (for a
@@ -30,4 +29,4 @@ class GatedMLP(nn.Module):
         x's dtype as this module's own GEMM would store them)."""
         if gate_up is None:
             gate_up = self.gate_up.concatenated(x)
-        return self.down_proj.partial(ops.silu_and_mul(gate_up, out_dtype=x.dtype), out_dtype)
+        return self.down_proj.partial(gate_up, out_dtype, x_silu_and_mul=True)

@@ -79,13 +79,14 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 out_dtype: torch.dtype | None = None, shared: torch.Tensor | None = None,
-                shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+                shared_gate: torch.Tensor | None = None, combine: bool = True) -> torch.Tensor:
         """x: [T, H]; topk_ids, topk_weights: [T, K]. Returns [T, H], this rank's partial sum, in
         out_dtype (default `partial_sum_dtype`: fp32 under tensor parallelism in bf16); `shared`
-        [T, H] (times sigmoid(shared_gate [T, 1]) if given) joins the sum (ops.fused_moe)."""
+        [T, H] (times sigmoid(shared_gate [T, 1]) if given) joins the sum (ops.fused_moe).
+        combine=False: the weighted expert rows [T * K, H] fp32 instead (ops.shared_expert_combine)."""
         return ops.fused_moe(x, self.gate_up_proj, self.down_proj, topk_weights, topk_ids,
                              out_dtype=out_dtype or partial_sum_dtype(x.dtype), shared=shared,
-                             shared_gate=shared_gate)
+                             shared_gate=shared_gate, combine=combine)
 
 
 class SparseMoeBlock(nn.Module):
@@ -161,9 +162,17 @@ class SparseMoeBlock(nn.Module):
         if self.shared_expert_gate is not None:
             gate_logit = projections[:, num_experts:self.router_rows] if fused else self.shared_expert_gate(x)
         shared_gate_up = projections[:, self.router_rows:] if projections.shape[1] > self.router_rows else None
-        shared = self.shared_expert.partial(x, acc_dtype, gate_up=shared_gate_up)
         # at tp=1 the all-reduce is the identity: the experts' sum rounds to x's dtype itself
         out_dtype = x.dtype if tp_size() == 1 else acc_dtype
+        down = getattr(self.shared_expert, "down_proj", None)
+        if shared_gate_up is not None and acc_dtype == torch.float32 and getattr(down, "bias", True) is None \
+                and ops.shared_expert_combine_fusable(x, down.weight):
+            # a decode row: the shared expert's activation, down projection and gate and the
+            # experts' sum in one launch (the bits of the path below)
+            rows = self.experts(x, topk_ids, topk_weights, combine=False)
+            out = ops.shared_expert_combine(shared_gate_up, down.weight, rows, gate_logit, out_dtype)
+            return all_reduce(out).to(x.dtype)
+        shared = self.shared_expert.partial(x, acc_dtype, gate_up=shared_gate_up)
         out = self.experts(x, topk_ids, topk_weights, out_dtype=out_dtype, shared=shared, shared_gate=gate_logit)
         return all_reduce(out).to(x.dtype)
 

@@ -36,11 +36,24 @@ from .state_mixer_ops import (  # noqa: F401
 
 # ----- linears -----------------------------------------------------------------------------
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False) -> torch.Tensor:
     """x W^T (+ b). x: [..., K]; weight: [N, K]. out_dtype: None (x's dtype) or torch.float32
     (fp32 accumulation left unrounded, for a tensor-parallel reduce). On the kernel path bf16/fp16
     rows go through kernels/linear: one row (skinny kernel) or up to 16 (tensor-core few-rows
-    kernel: a verify row, a small decode batch); everything else to torch (cuBLAS on CUDA)."""
+    kernel: a verify row, a small decode batch); everything else to torch (cuBLAS on CUDA).
+    x_silu_and_mul: x is [..., 2K] (gate | up) and the product's input is
+    `silu_and_mul(x, out_dtype=weight.dtype)`; one row on the kernel path does it inside the
+    skinny kernel's launch (the same bits), other inputs run the two ops."""
+    if x_silu_and_mul:
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if (0 < rows <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
+                and x.dtype in (torch.float32, weight.dtype)):
+            flat = x.reshape(rows, x.shape[-1])
+            if flat.stride(-1) != 1:
+                flat = flat.contiguous()
+            y = _linear.skinny_linear(flat, weight, bias, out_dtype, x_silu_and_mul=True)
+            return y.reshape(*x.shape[:-1], weight.shape[0])
+        x = silu_and_mul(x, out_dtype=weight.dtype)
     if few_rows(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
         rows, skinny = x.numel() // x.shape[-1], skinny_rows_limit()
         flat = x.reshape(rows, x.shape[-1])
@@ -55,6 +68,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"out_dtype must be None, x's dtype or torch.float32, got {out_dtype}")
     y = _linear_fp32_out(x, weight)
     return y if bias is None else y + bias.float()
+
+
+def shared_expert_combine_fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `shared_expert_combine` runs as one launch for x's rows (a decode row on the
+    kernel path, half-precision weights): a MoE block then asks fused_moe for its rows only."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return 0 < rows <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
+
+
+def shared_expert_combine(gate_up: torch.Tensor, down_weight: torch.Tensor, topk_rows: torch.Tensor,
+                          shared_gate: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """A MoE block's last sum in one launch (where `shared_expert_combine_fusable`): the experts'
+    weighted rows topk_rows [T * K, H] fp32 (fused_moe(combine=False)) summed per token, plus
+    sigmoid(shared_gate [T, 1]) * down(silu(gate) * up) of the gated shared expert's projection
+    gate_up [T, 2I] (fp32 sums or the weight's dtype). The bits of fused_moe(shared=, shared_gate=)
+    with the shared term from `linear(gate_up, down_weight, out_dtype=fp32, x_silu_and_mul=True)`."""
+    return _linear.skinny_linear(gate_up.contiguous(), down_weight, out_dtype=out_dtype, x_silu_and_mul=True,
+                                 topk_rows=topk_rows, shared_gate=shared_gate)
 
 
 def few_rows(x: torch.Tensor) -> bool:
@@ -229,11 +260,14 @@ def moe_topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool,
 
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
               topk_ids: torch.Tensor, activation: str = "silu", out_dtype: torch.dtype | None = None,
-              shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None) -> torch.Tensor:
+              shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
+              combine: bool = True) -> torch.Tensor:
     """x: [T, H]; w1: [E, 2I, H] (silu, rows [gate | up]) or [E, I, H] (relu2); w2: [E, H, I];
     topk_weights, topk_ids: [T, K]. Returns this rank's partial sum [T, H] in out_dtype
     (default x's dtype), plus `shared` [T, H] (times sigmoid(shared_gate [T, 1]) if given)
-    added in the same fp32 sum: a shared expert's term without launches of its own."""
+    added in the same fp32 sum: a shared expert's term without launches of its own.
+    combine=False: the weighted expert rows [T * K, H] fp32 instead of their sum
+    (`shared_expert_combine` adds them)."""
     fn = _moe.fused_moe if use_triton(x) else _moe.fused_moe_ref
     return fn(x, w1, w2, topk_weights, topk_ids, activation, out_dtype=out_dtype, shared=shared,
-              shared_gate=shared_gate)
+              shared_gate=shared_gate, combine=combine)

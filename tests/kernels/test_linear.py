@@ -26,6 +26,26 @@ def test_skinny_linear_matches_ref(m, n, k, bias):
     assert torch.equal(got.cpu(), want.to(torch.bfloat16)) or rel_err(got.float().cpu(), want) < 4e-3
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 64, 256), (1, 40, 200), (3, 36, 1030)])
+@pytest.mark.parametrize("gate_up_dtype", [torch.float32, torch.bfloat16])
+def test_skinny_linear_silu_and_mul_input(m, n, k, gate_up_dtype):
+    """x_silu_and_mul: the activation inside the launch gives the bits of silu_and_mul (rounding
+    gate and up to W's dtype first) followed by the plain kernel, and matches the reference."""
+    from hybrid_serve.kernels.activation import silu_and_mul
+
+    gate_up, w = _rand(m, 2 * k, dtype=gate_up_dtype, seed=6) * 2, _rand(n, k, seed=7)
+    for out_dtype in (None, torch.float32):
+        got = skinny_linear(gate_up, w, out_dtype=out_dtype, x_silu_and_mul=True)
+        two_launches = skinny_linear(silu_and_mul(gate_up, out_dtype=w.dtype), w, out_dtype=out_dtype)
+        assert got.dtype == (out_dtype or w.dtype) and torch.equal(got, two_launches)
+    want = skinny_linear_ref(gate_up.cpu(), w.cpu(), out_dtype=torch.float32, x_silu_and_mul=True)
+    assert rel_err(got.cpu(), want) < 1e-5
+    with pytest.raises(ValueError, match="even"):
+        skinny_linear(gate_up[:, 1:], w, x_silu_and_mul=True)
+    with pytest.raises(ValueError, match="shape"):
+        skinny_linear(gate_up, _rand(n, k + 1), x_silu_and_mul=True)
+
+
 def test_skinny_linear_tiles_override_and_strided_rows():
     x = _rand(4, 2 * 96, seed=4)[:, ::2]  # non-contiguous last dim: refused
     w = _rand(48, 96, seed=5)

@@ -189,6 +189,42 @@ def test_fused_moe_adds_the_shared_term(dtype, tol, gated):
         fused_moe(x, gate_up, down, weights, ids, shared_gate=logits[:, E:])
 
 
+@pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16_out", "fp32_out"])
+def test_shared_expert_combine_in_the_skinny_launch(gated, out_dtype):
+    """A decode row's MoE tail in one launch: fused_moe(combine=False) gives the weighted expert
+    rows (the reference's, in slot order), and the skinny kernel's down projection of the shared
+    expert's [gate | up] (fp32 sums of the router's GEMM), gated and added to their sum, gives
+    the bits of the two-launch path (the shared term as its own fp32 product, then
+    fused_moe(shared=, shared_gate=))."""
+    from hybrid_serve.kernels.linear import skinny_linear
+
+    E, K, H, I, I_shared = 8, 3, 48, 40, 24
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(1, H, generator=g).to(torch.bfloat16).to(DEVICE)
+    gate_up, down = _experts(E, H, I, torch.bfloat16, seed=6)
+    projections = torch.randn(1, E + 1 + 2 * I_shared, generator=g).to(DEVICE)  # router | gate | shared gate_up
+    shared_down = (torch.randn(H, I_shared, generator=g) / I_shared ** 0.5).to(torch.bfloat16).to(DEVICE)
+    weights, ids = moe_topk_softmax(projections[:, :E], K, True, out_dtype=torch.bfloat16)
+    gate = projections[:, E:E + 1] if gated else None
+    shared_gate_up = projections[:, E + 1:].contiguous()
+    rows = fused_moe(x, gate_up, down, weights, ids, combine=False)
+    assert rows.shape == (K, H) and rows.dtype == torch.float32
+    want_rows = fused_moe_ref(x.cpu(), gate_up.cpu(), down.cpu(), weights.cpu(), ids.cpu(), combine=False)
+    assert rel_err(rows.cpu(), want_rows) < 1e-5
+    got = skinny_linear(shared_gate_up, shared_down, out_dtype=out_dtype, x_silu_and_mul=True, topk_rows=rows,
+                        shared_gate=gate)
+    shared = skinny_linear(shared_gate_up, shared_down, out_dtype=torch.float32, x_silu_and_mul=True)
+    two_launches = fused_moe(x, gate_up, down, weights, ids, out_dtype=out_dtype, shared=shared, shared_gate=gate)
+    assert got.dtype == out_dtype and torch.equal(got, two_launches)
+    with pytest.raises(ValueError, match="combine=False returns the expert rows alone"):
+        fused_moe(x, gate_up, down, weights, ids, shared=shared, combine=False)
+    with pytest.raises(ValueError, match="topk_rows must be"):
+        skinny_linear(shared_gate_up, shared_down, x_silu_and_mul=True, topk_rows=rows[:, 1:])
+    with pytest.raises(ValueError, match="shared_gate needs topk_rows"):
+        skinny_linear(shared_gate_up, shared_down, x_silu_and_mul=True, shared_gate=projections[:, E:E + 1])
+
+
 def test_topk_softmax_out_dtype_and_strided_logits():
     """Weights written in the asked dtype (no cast launch after), logits a column slice."""
     logits = torch.randn(4, 9, generator=torch.Generator().manual_seed(13)).to(DEVICE)
