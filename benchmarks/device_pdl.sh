@@ -3,7 +3,8 @@
 # (a kernel chain in a CUDA graph, every family's bf16 tokens with and without PDL), the kernel
 # tests with PDL on, then decode steps with PDL off and on in alternating engines: the
 # Qwen3-Next 12-layer slice (batch 1 and 4, against its bytes-moved roofline) and the 2.3B
-# model, and the slice's batch-1 kernel table with PDL on. STEPS picks; `tree` compares this
+# model, and the slice's batch-1 kernel table with PDL on. STEPS picks (`gputests`: the rest of
+# tests/gpu with PDL on); `tree` compares this
 # tree's default decode step with OLD_TREE's (e.g. `git archive REV --prefix=hybrid_serve/`
 # unpacked under .devold/, carried) in alternating processes, two each.
 # Usage (device machine, repo root): bash benchmarks/device_pdl.sh  [writes to $OUT]
@@ -17,9 +18,13 @@ STEPS=${STEPS:-tests ab2p3b abnext profile}
 for step in $STEPS; do
   case $step in
     tests)
-      HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
+      HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
         tests/kernels/test_linear.py tests/kernels/test_moe_kernels.py ${EXTRA_TESTS:-tests/kernels/test_norm.py \
         tests/kernels/test_gated_delta.py tests/kernels/test_activation.py} tests/gpu/test_decode_fusions.py 2>&1 | tee "$OUT/pdl_tests.log" | tail -15 ;;
+    gputests)  # the rest of tests/gpu with PDL on (speculative verify graphs, piecewise graphs, graph memory)
+      HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_gpu.py \
+        tests/gpu/test_piecewise_graphs.py tests/gpu/test_graph_memory.py tests/gpu/test_decode_graphs.py 2>&1 \
+        | tee "$OUT/pdl_gputests.log" | tail -15 ;;
     abnext)
       timeout 300 python3 benchmarks/moe_decode_ab.py --ab pdl --repeats ${REPEATS:-2} --batches 1,4 2>&1 \
         | tee "$OUT/pdl_ab_next.log" | grep -v "^\[" | tail -12 ;;
