@@ -46,8 +46,8 @@ def fast_launch_enabled() -> bool:
 
 def pdl_enabled(device: int) -> bool:
     """Whether kernels that declare PDL launch with it on `device`: HYBRID_SERVE_PDL (0 or 1,
-    default PDL_DEFAULT), read at every launch so one process can A/B it, and a Hopper or
-    later GPU (programmatic launch needs compute capability 9.0)."""
+    default PDL_DEFAULT), read at every launch so one process can A/B it, and an NVIDIA Hopper
+    or later GPU (programmatic launch needs compute capability 9.0)."""
     value = os.environ.get(PDL_ENV, PDL_DEFAULT)
     if value not in ("0", "1"):
         raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
@@ -57,7 +57,8 @@ def pdl_enabled(device: int) -> bool:
     if capable is None:
         import torch
 
-        capable = _PDL_DEVICES[device] = torch.cuda.get_device_capability(device)[0] >= 9
+        # an NVIDIA GPU (ROCm's torch.cuda reports gfx9 parts as capability 9.x: no PDL there)
+        capable = _PDL_DEVICES[device] = torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
     return capable
 
 

@@ -144,6 +144,12 @@ def test_pdl_launches_kernels_that_declare_it(fake_cuda, monkeypatch):
     capability["major"] = 8  # an A100: no programmatic launch
     fast[(2,)]("x", 16, BLOCK=32)
     assert last_pdl(jit) is False
+    monkeypatch.setattr(_launch, "_PDL_DEVICES", {})
+    capability["major"] = 9
+    monkeypatch.setattr(torch.version, "hip", "6.2")  # ROCm reports an MI300 as 9.4: no PDL
+    fast[(2,)]("x", 16, BLOCK=32)
+    assert last_pdl(jit) is False
+    monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setenv(_launch.PDL_ENV, "yes")
     with pytest.raises(ValueError, match="HYBRID_SERVE_PDL must be 0 or 1, got 'yes'"):
         fast[(2,)]("x", 16, BLOCK=32)
