@@ -14,15 +14,14 @@ through Triton's path, which compiles and launches; its compiled kernel is kept.
 `install_fast_launch(module_name)` wraps a module's launched kernels (`*_kernel` JIT functions),
 rebinding the names its call sites look up.
 
-Programmatic dependent launch (PDL; on by default on Hopper and later, HYBRID_SERVE_PDL=0
-turns it off). A kernel that
-declares a `PDL: tl.constexpr = False` parameter and starts with `pdl_enter(PDL)`
-(kernels/_triton_common.py) is launched with `PDL=True` and Triton's `launch_pdl`: the GPU
-may start its programs while the kernel before it finishes, and they wait in `pdl_enter`
-until that kernel's writes are visible, so a chain of short decode kernels (a CUDA graph of
-~190 of them at batch 1) stops paying each launch's ramp in full. A kernel may read its
-weights before `pdl_enter` (the skinny linear prefetches its first tile). Rides on this
-wrapper: with the fast launch off, PDL is off.
+Programmatic dependent launch (PDL; on by default on NVIDIA Hopper and later,
+HYBRID_SERVE_PDL=0 turns it off). A kernel that declares a `PDL: tl.constexpr = False`
+parameter and starts with `pdl_enter(PDL)` (kernels/_triton_common.py) is launched with
+`PDL=True` and Triton's `launch_pdl`: the GPU may start its programs while the kernel before
+it finishes, and they wait in `pdl_enter` until that kernel's writes are visible, so a chain
+of short decode kernels (a CUDA graph of ~190 of them at batch 1) stops paying each launch's
+ramp in full. A kernel may read its weights before `pdl_enter` (the skinny linear prefetches
+its first tile). Rides on this wrapper: with the fast launch off, PDL is off.
 
 On by default since 2026-11-28: the GPU suite passed
 with it (session 13), and one prompt's TTFT on an H200 fell from 14.6 to 12.3 ms at 1k tokens

@@ -7,10 +7,7 @@ import triton.language as tl
 
 from . import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 
-try:  # Triton >= 3.3 on CUDA; never traced unless a launch passes PDL=True (kernels/_launch.py)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover - older Triton: PDL stays off
-    gdc_launch_dependents = gdc_wait = None
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # traced only under PDL=True
 
 # torch float dtype -> Triton dtype, for kernels that round to or compute in a caller's dtype
 TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}

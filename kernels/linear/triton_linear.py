@@ -157,8 +157,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   block_n: int | None = None, block_k: int | None = None,
                   num_warps: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
-    last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default x's dtype;
-    torch.float32 gives the unrounded sums for a tensor-parallel reduce).
+    last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default the weight's
+    dtype; torch.float32 gives the unrounded sums for a tensor-parallel reduce).
     x_silu_and_mul: x is [M, 2K] (gate | up, fp32 or W's dtype) and the product is
     silu_and_mul(x, out_dtype=W's dtype) W^T, the activation computed in this launch (the bits
     of the two launches).
@@ -192,7 +192,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
         BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk, X_SILU_AND_MUL=x_silu_and_mul,
         rows_ptr=topk_rows if topk_rows is not None else weight,
-        gate_ptr=shared_gate if shared_gate is not None else weight, stride_gate=shared_gate.stride(0) if shared_gate is not None else 0,
+        gate_ptr=shared_gate if shared_gate is not None else weight,
+        stride_gate=shared_gate.stride(0) if shared_gate is not None else 0,
         TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype], num_warps=warps)
     return y
 

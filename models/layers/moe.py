@@ -166,7 +166,7 @@ class SparseMoeBlock(nn.Module):
         out_dtype = x.dtype if tp_size() == 1 else acc_dtype
         down = getattr(self.shared_expert, "down_proj", None)
         if shared_gate_up is not None and acc_dtype == torch.float32 and getattr(down, "bias", True) is None \
-                and ops.shared_expert_combine_fusable(x, down.weight):
+                and ops.skinny_row(x, down.weight):
             # a decode row: the shared expert's activation, down projection and gate and the
             # experts' sum in one launch (the bits of the path below)
             rows = self.experts(x, topk_ids, topk_weights, combine=False)

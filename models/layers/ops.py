@@ -45,21 +45,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     `silu_and_mul(x, out_dtype=weight.dtype)`; one row on the kernel path does it inside the
     skinny kernel's launch (the same bits), other inputs run the two ops."""
     if x_silu_and_mul:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if (0 < rows <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
-                and x.dtype in (torch.float32, weight.dtype)):
-            flat = x.reshape(rows, x.shape[-1])
-            if flat.stride(-1) != 1:
-                flat = flat.contiguous()
-            y = _linear.skinny_linear(flat, weight, bias, out_dtype, x_silu_and_mul=True)
+        if skinny_row(x, weight) and x.dtype in (torch.float32, weight.dtype):
+            y = _linear.skinny_linear(_rows_view(x), weight, bias, out_dtype, x_silu_and_mul=True)
             return y.reshape(*x.shape[:-1], weight.shape[0])
         x = silu_and_mul(x, out_dtype=weight.dtype)
     if few_rows(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
-        rows, skinny = x.numel() // x.shape[-1], skinny_rows_limit()
-        flat = x.reshape(rows, x.shape[-1])
-        if flat.stride(-1) != 1:
-            flat = flat.contiguous()
-        kernel = _linear.skinny_linear if rows <= skinny else _linear.few_rows_linear
+        flat = _rows_view(x)
+        kernel = _linear.skinny_linear if flat.shape[0] <= skinny_rows_limit() else _linear.few_rows_linear
         y = kernel(flat, weight, bias, out_dtype)
         return y.reshape(*x.shape[:-1], weight.shape[0])
     if out_dtype is None or out_dtype == x.dtype:
@@ -70,16 +62,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if bias is None else y + bias.float()
 
 
-def shared_expert_combine_fusable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `shared_expert_combine` runs as one launch for x's rows (a decode row on the
-    kernel path, half-precision weights): a MoE block then asks fused_moe for its rows only."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return 0 < rows <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
+def _num_rows(x: torch.Tensor) -> int:
+    """Rows of x ([..., K]) as a linear sees them."""
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
+def _rows_view(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, K] with a contiguous last dim (the kernels' layout), without a copy where it can."""
+    flat = x.reshape(_num_rows(x), x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
+
+
+def skinny_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a linear of x by `weight` is the skinny kernel's (rows up to HYBRID_SERVE_SKINNY_ROWS,
+    a decode row by default, on the kernel path, half-precision weights): where the fused inputs
+    and epilogues (`linear(x_silu_and_mul=True)`, `shared_expert_combine`) run in its launch."""
+    return 0 < _num_rows(x) <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
 
 
 def shared_expert_combine(gate_up: torch.Tensor, down_weight: torch.Tensor, topk_rows: torch.Tensor,
                           shared_gate: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """A MoE block's last sum in one launch (where `shared_expert_combine_fusable`): the experts'
+    """A MoE block's last sum in one launch (for a `skinny_row` x): the experts'
     weighted rows topk_rows [T * K, H] fp32 (fused_moe(combine=False)) summed per token, plus
     sigmoid(shared_gate [T, 1]) * down(silu(gate) * up) of the gated shared expert's projection
     gate_up [T, 2I] (fp32 sums or the weight's dtype). The bits of fused_moe(shared=, shared_gate=)
@@ -91,8 +94,7 @@ def shared_expert_combine(gate_up: torch.Tensor, down_weight: torch.Tensor, topk
 def few_rows(x: torch.Tensor) -> bool:
     """Whether `linear` gives x (rows of [..., K]) to the Triton skinny / few-rows kernels
     (decode-sized batches), which write fp32 sums as cheaply as x's dtype."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return 0 < rows <= max(skinny_rows_limit(), few_rows_limit()) and use_triton(x)
+    return 0 < _num_rows(x) <= max(skinny_rows_limit(), few_rows_limit()) and use_triton(x)
 
 
 _MIXED_DTYPE_MM = {"cuda": True}  # torch.mm(..., out_dtype=) usable here (checked on first use)

@@ -2,7 +2,7 @@
 skinny linear runs only in half dtypes), with decode graphs, for every family: a SwiGLU
 MLP's activation inside its down projection's launch (`ops.linear(x_silu_and_mul=True)`), and
 a MoE block's shared expert and experts' sum in one launch (`ops.shared_expert_combine`).
-The unfused run swaps both back to their separate launches. Marker `gpu`."""
+The unfused run sends both back to their separate launches (`ops.skinny_row`). Marker `gpu`."""
 import os
 
 import pytest
@@ -32,19 +32,11 @@ def _generate(model_dir: str) -> tuple[list[list[int]], list[float | None]]:
 
 
 def _unfuse(monkeypatch) -> None:
-    from hybrid_serve.kernels import linear as klinear
-    from hybrid_serve.kernels.activation import silu_and_mul
+    """No row is the skinny kernel's for the fusions: the activation and the experts' sum run
+    as their own launches (the plain skinny kernel still takes one row)."""
     from hybrid_serve.models.layers import ops
 
-    real = klinear.skinny_linear
-
-    def two_launches(x, weight, bias=None, out_dtype=None, *, x_silu_and_mul=False, **kw):
-        if x_silu_and_mul:
-            x = silu_and_mul(x, out_dtype=weight.dtype)
-        return real(x, weight, bias, out_dtype, **kw)
-
-    monkeypatch.setattr(ops._linear, "skinny_linear", two_launches)
-    monkeypatch.setattr(ops, "shared_expert_combine_fusable", lambda x, weight: False)
+    monkeypatch.setattr(ops, "skinny_row", lambda x, weight: False)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
