@@ -18,9 +18,10 @@ STEPS=${STEPS:-tests ab2p3b abnext profile}
 for step in $STEPS; do
   case $step in
     tests)
-      HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_pdl.py \
+      HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/gpu/test_pdl.py \
         tests/kernels/test_linear.py tests/kernels/test_moe_kernels.py ${EXTRA_TESTS:-tests/kernels/test_norm.py \
-        tests/kernels/test_gated_delta.py tests/kernels/test_activation.py} tests/gpu/test_decode_fusions.py 2>&1 | tee "$OUT/pdl_tests.log" | tail -15 ;;
+        tests/kernels/test_gated_delta.py tests/kernels/test_activation.py} tests/gpu/test_decode_fusions.py} 2>&1 \
+        | tee "$OUT/pdl_tests.log" | tail -15 ;;
     gputests)  # the rest of tests/gpu with PDL on (speculative verify graphs, piecewise graphs, graph memory)
       HYBRID_SERVE_PDL=1 timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_gpu.py \
         tests/gpu/test_piecewise_graphs.py tests/gpu/test_graph_memory.py tests/gpu/test_decode_graphs.py 2>&1 \
@@ -32,7 +33,7 @@ for step in $STEPS; do
       timeout 240 python3 benchmarks/moe_decode_ab.py --ab pdl --repeats ${REPEATS:-2} --model qwen3_5_2p3b \
         --batches 1,16 2>&1 | tee "$OUT/pdl_ab_2p3b.log" | grep -v "^\[" | tail -12 ;;
     tree)  # this tree against OLD_TREE (a directory holding an older hybrid_serve/), alternating processes
-      for r in 1 2; do
+      for r in $(seq ${TREE_REPEATS:-2}); do
         for t in old new; do
           if [ $t = old ]; then pp=$OLD_TREE; else pp=; fi
           PYTHONPATH=$pp OUT=$OUT/tree_$t$r timeout 150 python3 benchmarks/moe_decode_ab.py --ab none --model ${TREE_MODEL:-qwen3_next_80b_12l} \
@@ -40,6 +41,8 @@ for step in $STEPS; do
         done
       done 2>&1 | tee "$OUT/tree_ab.log" ;;
     profile)
-      HYBRID_SERVE_PDL=1 timeout 200 python3 benchmarks/moe_profile_bs1.py 2>&1 | tee "$OUT/pdl_profile.log" | tail -30 ;;
+      for pdl in ${PROFILE_PDL:-1}; do
+        HYBRID_SERVE_PDL=$pdl timeout 200 python3 benchmarks/moe_profile_bs1.py --top ${PROFILE_TOP:-20} 2>&1 | tee "$OUT/pdl_profile$pdl.log" | tail -$((${PROFILE_TOP:-20} + 10))
+      done ;;
   esac
 done

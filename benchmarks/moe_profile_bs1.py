@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3_next_80b_12l")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--top", type=int, default=20, help="kernels listed, longest first")
     args = ap.parse_args()
     os.environ.setdefault("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
     from torch.profiler import ProfilerActivity, profile
@@ -56,16 +57,18 @@ def main() -> None:
     gpu_ms = sum(e.self_device_time_total for e in events) / args.steps / 1e3
     top = [{"kernel": e.key[:120], "ms_per_step": e.self_device_time_total / args.steps / 1e3,
             "calls_per_step": e.count / args.steps}
-           for e in sorted(events, key=lambda e: -e.self_device_time_total)[:20]]
-    print(f"bs={args.batch}: step {step_ms:.3f} ms (no profiler), GPU kernels {gpu_ms:.3f} ms/step (profiler)")
+           for e in sorted(events, key=lambda e: -e.self_device_time_total)[:args.top]]
+    print(f"bs={args.batch}: step {step_ms:.3f} ms (no profiler), GPU kernels {gpu_ms:.3f} ms/step, "
+          f"{sum(e.count for e in events) / args.steps:.0f} kernels a step (profiler)")
     for row in top:
         print(f"  {row['ms_per_step']:7.3f} ms/step  x{row['calls_per_step']:<5.0f} {row['kernel'][:100]}")
     breakdown(engine, args.batch)
     out_dir = os.environ.get("OUT", "./bench_out")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"moe_profile_bs{args.batch}_{args.model}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"moe_profile_bs{args.batch}_{args.model}_pdl{os.environ.get('HYBRID_SERVE_PDL', '1')}.json"), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(0), "model": args.model, "batch": args.batch,
-                   "step_ms": step_ms, "gpu_kernels_ms_per_step": gpu_ms, "top_kernels": top}, f, indent=1)
+                   "step_ms": step_ms, "gpu_kernels_ms_per_step": gpu_ms,
+                   "kernels_per_step": sum(e.count for e in events) / args.steps, "top_kernels": top}, f, indent=1)
     llm.shutdown()
 
 

@@ -14,7 +14,6 @@ from .layers import (
     ColumnParallelLinear, PagedAttention, ParallelLMHead, RMSNorm, RotaryEmbedding, RowParallelLinear,
     VocabParallelEmbedding, rope_parameters,
 )
-from .layers import ops
 from .layers.attention import AttentionHeads
 from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
@@ -58,7 +57,7 @@ class GatedAttention(nn.Module):
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.rotary(positions, q, k)
         out = self.attn(q, k, v, fb)  # [T, Hq, D]
-        return self.o_proj(ops.sigmoid_gate_mul(out, gate))
+        return self.o_proj(out.reshape(num_tokens, -1), x_sigmoid_gate=gate)
 
 
 class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
@@ -79,10 +78,8 @@ class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
         self.in_proj.fuse()  # four projections of the same input: one GEMM
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        mixed_qkv, z, b, a = self.in_proj(hidden)  # column slices of one output
-        z = z.reshape(num_tokens, self.num_v_heads, self.head_v_dim)
-        return self.out_proj(self.mix(mixed_qkv, z, b, a, fb))
+        mixed_qkv, z, b, a, conv_done = self.project_in(hidden, self.in_proj, fb)  # [qkv | z | b | a]
+        return self.project_out(self.mix(mixed_qkv, z, b, a, fb, conv_done), z)
 
 
 class Qwen3_5DecoderLayer(nn.Module):

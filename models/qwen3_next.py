@@ -83,11 +83,8 @@ class Qwen3NextGatedDeltaNet(GatedDeltaNetBase):
         if not self.rows_by_kind:  # models/loader.py's load_model runs post_load after every load
             raise RuntimeError("Qwen3NextGatedDeltaNet needs post_load() (the projection rows by kind) "
                                "before its first forward")
-        num_tokens = hidden.shape[0]
-        mixed_qkv, z, b, a = self.in_proj.concatenated(hidden).split(  # column slices of one output
-            [2 * self.key_dim + self.value_dim, self.value_dim, self.num_v_heads, self.num_v_heads], dim=-1)
-        z = z.view(num_tokens, self.num_v_heads, self.head_v_dim)
-        return self.out_proj(self.mix(mixed_qkv, z, b, a, fb))
+        mixed_qkv, z, b, a, conv_done = self.project_in(hidden, self.in_proj, fb)  # rows by kind: [qkv | z | b | a]
+        return self.project_out(self.mix(mixed_qkv, z, b, a, fb, conv_done), z)
 
 
 class Qwen3NextDecoderLayer(Qwen3_5DecoderLayer):

@@ -31,14 +31,45 @@ SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one ro
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
+# The skinny kernel's input operations (X_OP): the product's input computed from x in the launch.
+X_PLAIN, X_SILU_AND_MUL, X_SIGMOID_GATE, X_GATED_NORM = 0, 1, 2, 3
+
+
 @triton.jit
-def _skinny_x_tile(x_ptrs, K, mask, w_dtype: tl.constexpr, X_SILU_AND_MUL: tl.constexpr):
-    """One [BM, BK] tile of the product's input: x itself, or silu(gate) * up from [gate | up]
-    rows (gate at x_ptrs, up K values on), rounded as kernels/activation's silu_and_mul rounds."""
-    if X_SILU_AND_MUL:
+def _skinny_x_tile(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, nw_ptr, eps, offs_m, offs_k, K, mask,
+                   w_dtype: tl.constexpr, X_OP: tl.constexpr, HEAD_D: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROD_DTYPE: tl.constexpr):
+    """One [BM, BK] tile of the product's input at rows offs_m, inputs offs_k (absolute), rounded
+    to W's dtype as the separate launch it replaces stores it:
+    X_PLAIN           x itself;
+    X_SILU_AND_MUL    silu(gate) * up from rows [gate | up] (kernels/activation's silu_and_mul:
+                      gate and up rounded to W's dtype first, fp32 math);
+    X_SIGMOID_GATE    x * sigmoid(g) (kernels/activation's sigmoid_gate_mul: the sigmoid rounded
+                      to g's dtype);
+    X_GATED_NORM      per head of HEAD_D inputs, (nw * norm(x).to(x)).to(PROD) * silu(g)
+                      (kernels/norm's gated_rms_norm; BLOCK_K a multiple of HEAD_D).
+    g (X_SIGMOID_GATE, X_GATED_NORM) is read in place: input k of row m at
+    g_ptr + m * stride_gm + (k // HEAD_D) * stride_gh + k % HEAD_D (a slice of a wider projection)."""
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    if X_OP == 1:
         gate = tl.load(x_ptrs, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
         up = tl.load(x_ptrs + K, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
         xv = (gate / (1.0 + tl.exp(-gate)) * up).to(w_dtype)
+    elif X_OP == 2 or X_OP == 3:
+        xf = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        g_ptrs = g_ptr + offs_m[:, None] * stride_gm + ((offs_k // HEAD_D) * stride_gh + offs_k % HEAD_D)[None, :]
+        g = tl.load(g_ptrs, mask=mask, other=0.0)
+        if X_OP == 2:
+            sig = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(g.dtype).to(tl.float32)
+            xv = (xf * sig).to(w_dtype)
+        else:
+            x3 = tl.reshape(xf, (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
+            n = x3 * tl.rsqrt(tl.sum(x3 * x3, axis=2) / HEAD_D + eps)[:, :, None]
+            nw = tl.load(nw_ptr + tl.arange(0, HEAD_D)).to(tl.float32)
+            g3 = tl.reshape(g.to(tl.float32), (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
+            y = (nw[None, None, :] * n.to(w_dtype).to(tl.float32)).to(PROD_DTYPE).to(tl.float32) \
+                * (g3 / (1.0 + tl.exp(-g3)))
+            xv = tl.reshape(y.to(w_dtype), (BLOCK_M, BLOCK_K))
     else:
         xv = tl.load(x_ptrs, mask=mask, other=0.0)
     return xv
@@ -48,48 +79,57 @@ def _skinny_x_tile(x_ptrs, K, mask, w_dtype: tl.constexpr, X_SILU_AND_MUL: tl.co
 def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                           HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          X_SILU_AND_MUL: tl.constexpr = False, rows_ptr=None, gate_ptr=None, stride_gate=0,
+                          X_OP: tl.constexpr = 0, xg_ptr=None, stride_xgm=0, stride_xgh=0, xnw_ptr=None,
+                          x_eps=0.0, X_HEAD_D: tl.constexpr = 1, X_PROD_DTYPE: tl.constexpr = tl.float32,
+                          rows_ptr=None, gate_ptr=None, stride_gate=0,
                           TOP_K: tl.constexpr = 0, HAS_GATE: tl.constexpr = False,
-                          GATE_DTYPE: tl.constexpr = tl.float32, PDL: tl.constexpr = False):
+                          GATE_DTYPE: tl.constexpr = tl.float32,
+                          CONV_K: tl.constexpr = 0, CONV_SILU: tl.constexpr = False, conv_w_ptr=None,
+                          stride_cw=0, conv_states_ptr=None, conv_slots_ptr=None, conv_num_slots=0,
+                          conv_channels=0, stride_cs_n=0, stride_cs_d=0, stride_cs_k=0,
+                          PDL: tl.constexpr = False):
     """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
-    the kernel before this one finishes (no kernel writes a weight). X_SILU_AND_MUL: row m of x
-    is [gate | up] (2K values, any float dtype) and the product's input is silu(gate) * up as
-    kernels/activation's silu_and_mul(out_dtype=W's dtype) stores it (gate and up rounded to W's
-    dtype first, fp32 math, the result rounded to W's dtype): that launch folded into this one.
+    the kernel before this one finishes (no kernel writes a weight). X_OP: the product's input
+    is an operation on x done in this launch (`_skinny_x_tile`: silu_and_mul of [gate | up]
+    rows of 2K values, a sigmoid gate, a per-head gated RMSNorm), with the bits of the separate
+    launch it replaces.
     TOP_K > 0: y[m] = sum_{k < TOP_K} rows[m * TOP_K + k] (fp32, slot order) + g[m] * (x W^T)[m],
     g = sigmoid(gate[m]) with the logit and the sigmoid rounded to GATE_DTYPE (1 without
-    HAS_GATE), rounded once: kernels/moe's combine with this product as its shared term."""
+    HAS_GATE), rounded once: kernels/moe's combine with this product as its shared term.
+    CONV_K > 0: the first conv_channels outputs are a causal depthwise conv's input, one decode
+    token per row m (`_conv_decode_epilogue`): they are stored as the conv's output."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
     m_ok = offs_m < M
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]  # [BN, BK]
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     if EVEN_K and EVEN_N:
         w = tl.load(w_ptrs)
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_enter(PDL)
-    xv = _skinny_x_tile(x_ptrs, K, m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_SILU_AND_MUL)
+    xv = _skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
+                        m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
+                        X_PROD_DTYPE)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
     w_ptrs += BLOCK_K
-    x_ptrs += BLOCK_K
     for k0 in range(BLOCK_K, K, BLOCK_K):
         if EVEN_K:
             if EVEN_N:
                 w = tl.load(w_ptrs)
             else:
                 w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-            xv = _skinny_x_tile(x_ptrs, K, m_ok[:, None], w.dtype, X_SILU_AND_MUL)
+            x_mask = m_ok[:, None]
         else:
             k_ok = (k0 + offs_k) < K
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            xv = _skinny_x_tile(x_ptrs, K, m_ok[:, None] & k_ok[None, :], w.dtype, X_SILU_AND_MUL)
+            x_mask = m_ok[:, None] & k_ok[None, :]
+        xv = _skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k,
+                            K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE)
         acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
     y = tl.sum(acc, axis=2)  # [BM, BN]
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -104,8 +144,39 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
             total += tl.load(rows_ptr + (offs_m[:, None].to(tl.int64) * TOP_K + k) * N + offs_n[None, :],
                              mask=row_mask, other=0.0)
         y = total + y
+    if CONV_K > 0:
+        y = _conv_decode_epilogue(y.to(y_ptr.dtype.element_ty).to(tl.float32), y, offs_m, offs_n, m_ok, n_ok,
+                                  conv_w_ptr, stride_cw, conv_states_ptr, conv_slots_ptr, conv_num_slots,
+                                  conv_channels, stride_cs_n, stride_cs_d, stride_cs_k, CONV_K, CONV_SILU)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _conv_decode_epilogue(xq, y, offs_m, offs_n, m_ok, n_ok, w_ptr, stride_w, states_ptr, slots_ptr, num_slots,
+                          channels, stride_s_n, stride_s_d, stride_s_k, CONV_K: tl.constexpr, SILU: tl.constexpr):
+    """kernels/causal_conv1d's decode step for channels offs_n < `channels` of rows offs_m, one
+    token a row whose input is xq ([BM, BN], the projection as the separate launch stores it):
+    out = sum_j w[c, j] * window_j (the pool's K-1 columns of the row's slot, then xq), in that
+    order in fp32 (silu after, if SILU), and the window moves on by one (columns shifted left,
+    xq last). A negative or out-of-range slot reads zeros and writes nothing (as the conv
+    kernel). Every channel is this program's own: no other program reads or writes its window.
+    Other channels keep y."""
+    slot = tl.load(slots_ptr + offs_m, mask=m_ok, other=-1).to(tl.int64)
+    c_ok = n_ok & (offs_n < channels)
+    s_mask = (m_ok & (slot >= 0) & (slot < num_slots))[:, None] & c_ok[None, :]
+    s_ptrs = states_ptr + slot[:, None] * stride_s_n + offs_n[None, :].to(tl.int64) * stride_s_d  # [BM, BN]
+    acc = tl.zeros(xq.shape, dtype=tl.float32)
+    for j in tl.static_range(CONV_K - 1):
+        sv = tl.load(s_ptrs + j * stride_s_k, mask=s_mask, other=0.0)
+        acc += sv.to(tl.float32) * tl.load(w_ptr + offs_n * stride_w + j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
+        if j > 0:
+            tl.store(s_ptrs + (j - 1) * stride_s_k, sv, mask=s_mask)
+    acc += xq * tl.load(w_ptr + offs_n * stride_w + (CONV_K - 1), mask=c_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(s_ptrs + (CONV_K - 2) * stride_s_k, xq.to(states_ptr.dtype.element_ty), mask=s_mask)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return tl.where(c_ok[None, :], acc, y)
 
 
 def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -151,23 +222,63 @@ def skinny_config(m: int, k: int) -> dict:
     return dict(block_n=4, block_k=block_k, num_warps=num_warps)
 
 
+def _x_gate_args(name: str, gate: torch.Tensor, m: int, k: int, x: torch.Tensor) -> tuple[int, int, int]:
+    """(stride_gm, stride_gh, head_d) of a [M, H, D] gate (H * D = K, last dim contiguous) read in
+    place by the skinny kernel's X_SIGMOID_GATE / X_GATED_NORM inputs."""
+    check_tensor(name, gate, ndim=3, dtypes=(torch.float32, *_HALF_DTYPES), device=x.device, last_contiguous=False)
+    if gate.shape[0] != m or gate.shape[1] * gate.shape[2] != k or gate.stride(2) != 1:
+        raise ValueError(f"{name} must be a [{m}, H, D] view with H * D = {k} and a contiguous last dim, "
+                         f"got shape {tuple(gate.shape)} strides {gate.stride()}")
+    return gate.stride(0), gate.stride(1), gate.shape[2]
+
+
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False,
+                  x_sigmoid_gate: torch.Tensor | None = None,
+                  x_gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
                   topk_rows: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
+                  decode_conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | None] | None = None,
                   block_n: int | None = None, block_k: int | None = None,
                   num_warps: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default the weight's
     dtype; torch.float32 gives the unrounded sums for a tensor-parallel reduce).
-    x_silu_and_mul: x is [M, 2K] (gate | up, fp32 or W's dtype) and the product is
-    silu_and_mul(x, out_dtype=W's dtype) W^T, the activation computed in this launch (the bits
-    of the two launches).
+    The product's input may be an operation on x done in this launch, with the bits of the
+    separate launch it replaces (at most one of):
+    - x_silu_and_mul: x is [M, 2K] (gate | up, fp32 or W's dtype); the input is
+      silu_and_mul(x, out_dtype=W's dtype) (kernels/activation);
+    - x_sigmoid_gate: g [M, H, D] (H * D = K, last dim contiguous, any other strides: a slice of
+      a wider projection); the input is sigmoid_gate_mul(x, g) (an attention output gate);
+    - x_gated_norm: (g [M, H, D] as above, norm weight [D], eps), D a power of two; the input is
+      gated_rms_norm(x as [M, H, D], g, weight, eps) (kernels/norm: a GDN output norm).
     topk_rows: [M * K, N] fp32, the weighted expert rows of kernels/moe's fused_moe(combine=False):
     the result is their sum per row plus this product times sigmoid(shared_gate [M, 1]) where
     given (a MoE block's shared expert down projection and the experts' combine in one launch,
     the bits of fused_moe(shared=, shared_gate=) over this product in fp32).
+    decode_conv: (conv weight [C, W] (rows may be strided), conv_states [S, >= C, W-1], state_slots
+    [M], activation None or "silu"), W >= 2: outputs 0..C-1 are a causal depthwise conv's input,
+    row m one decode token of the request in state slot state_slots[m]. They are returned as
+    the conv's output and the slots' windows move on, the bits of kernels/causal_conv1d's
+    causal_conv1d_varlen over this product (no bias). Output in the states' dtype.
     block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
+    if x_silu_and_mul + (x_sigmoid_gate is not None) + (x_gated_norm is not None) > 1:
+        raise ValueError("x_silu_and_mul, x_sigmoid_gate and x_gated_norm are exclusive")
     y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul)
+    x_op, gate_args, head_d, nw, eps = X_PLAIN, (0, 0), 1, weight, 0.0
+    gate = None
+    if x_silu_and_mul:
+        x_op = X_SILU_AND_MUL
+    elif x_sigmoid_gate is not None:
+        x_op, gate = X_SIGMOID_GATE, x_sigmoid_gate
+        *gate_args, head_d = _x_gate_args("x_sigmoid_gate", gate, m, k, x)
+    elif x_gated_norm is not None:
+        gate, nw, eps = x_gated_norm
+        x_op = X_GATED_NORM
+        *gate_args, head_d = _x_gate_args("x_gated_norm's gate", gate, m, k, x)
+        check_tensor("x_gated_norm's weight", nw, ndim=1, dtypes=(torch.float32, *_HALF_DTYPES), shape=(head_d,),
+                     device=x.device)
+        if head_d != next_pow2(head_d):
+            raise ValueError(f"x_gated_norm needs a power-of-two head size, got {head_d}")
     top_k = 0
     if topk_rows is not None:
         check_tensor("topk_rows", topk_rows, ndim=2, dtypes=(torch.float32,), device=x.device)
@@ -182,20 +293,53 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             raise ValueError("shared_gate needs topk_rows (it gates the product in their sum)")
         check_tensor("shared_gate", shared_gate, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES), shape=(m, 1),
                      device=x.device, last_contiguous=False)
+    conv = _decode_conv_args(decode_conv, y, m) if decode_conv is not None else None
+    if conv is not None and topk_rows is not None:
+        raise ValueError("decode_conv and topk_rows are exclusive")
     if done:
         return y
     cfg = skinny_config(m, k)
     bn, bk, warps = block_n or cfg["block_n"], block_k or cfg["block_k"], num_warps or cfg["num_warps"]
+    if x_op == X_GATED_NORM:
+        bk = max(bk, head_d)  # whole heads in a K tile
+        if bk % head_d:
+            raise ValueError(f"x_gated_norm needs K tiles of whole heads: block_k {bk} for heads of {head_d}")
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
-        BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk, X_SILU_AND_MUL=x_silu_and_mul,
+        BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk,
+        X_OP=x_op, xg_ptr=gate if gate is not None else weight, stride_xgm=gate_args[0], stride_xgh=gate_args[1],
+        xnw_ptr=nw, x_eps=float(eps), X_HEAD_D=head_d,
+        X_PROD_DTYPE=TL_DTYPE[torch.promote_types(nw.dtype, weight.dtype)],
         rows_ptr=topk_rows if topk_rows is not None else weight,
         gate_ptr=shared_gate if shared_gate is not None else weight,
         stride_gate=shared_gate.stride(0) if shared_gate is not None else 0,
-        TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype], num_warps=warps)
+        TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype],
+        **(conv or {}), num_warps=warps)
     return y
+
+
+def _decode_conv_args(decode_conv: tuple, y: torch.Tensor, m: int) -> dict:
+    """The skinny kernel's conv-epilogue arguments for `skinny_linear(decode_conv=)`, checked."""
+    conv_w, states, slots, activation = decode_conv
+    if activation not in (None, "silu", "swish"):
+        raise ValueError(f"decode_conv activation must be None or 'silu', got {activation!r}")
+    check_tensor("decode_conv weight", conv_w, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES), device=y.device,
+                 last_contiguous=False)
+    channels, width = conv_w.shape
+    if width < 2 or conv_w.stride(1) != 1:
+        raise ValueError(f"decode_conv weight must be [C, W >= 2] with contiguous taps, got {tuple(conv_w.shape)} "
+                         f"strides {conv_w.stride()}")
+    check_tensor("conv_states", states, ndim=3, dtypes=(y.dtype,), shape=(None, None, width - 1), device=y.device,
+                 last_contiguous=False)
+    if states.shape[1] < channels or channels > y.shape[1]:
+        raise ValueError(f"decode_conv: {channels} conv channels, conv_states hold {states.shape[1]}, "
+                         f"the product has {y.shape[1]} outputs")
+    check_tensor("state_slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), shape=(m,), device=y.device)
+    return dict(CONV_K=width, CONV_SILU=activation is not None, conv_w_ptr=conv_w, stride_cw=conv_w.stride(0),
+                conv_states_ptr=states, conv_slots_ptr=slots, conv_num_slots=states.shape[0], conv_channels=channels,
+                stride_cs_n=states.stride(0), stride_cs_d=states.stride(1), stride_cs_k=states.stride(2))
 
 
 FEW_ROWS_MAX_ROWS = 16  # most rows of x the tensor-core few-rows kernel takes (one 16-row MMA tile)

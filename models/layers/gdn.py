@@ -69,13 +69,33 @@ class GatedDeltaNetBase(nn.Module):
             ssm_replay=True,
         )
 
+    def project_in(self, hidden: torch.Tensor, in_proj, fb: ForwardBatch
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+        """The in-projection `in_proj` (a LinearGroup whose output is [q | k | v | z | b | a]
+        on this rank) of hidden [T, H] -> (mixed_qkv [T, conv_dim], z [T, HV, Dv], b, a [T, HV],
+        conv_done), column slices of one GEMM's output. conv_done: mixed_qkv is already the
+        causal conv's output (a decode row: the conv ran in the projection's launch,
+        ops.linear_into_decode_conv)."""
+        conv_states = fb.state_pool.conv_states[self.state_layer_id]
+        if in_proj.weight is not None:
+            y, conv_done = ops.linear_into_decode_conv(hidden, in_proj.weight, in_proj.bias, self.conv1d.weight[:, 0, :],
+                                                       conv_states, fb, "silu")
+        else:  # not fused (unit tests before post_load)
+            y, conv_done = in_proj.concatenated(hidden), False
+        mixed_qkv, z, b, a = y.split([2 * self.key_dim + self.value_dim, self.value_dim, self.num_v_heads,
+                                      self.num_v_heads], dim=-1)
+        return mixed_qkv, z.view(hidden.shape[0], self.num_v_heads, self.head_v_dim), b, a, conv_done
+
     def mix(self, mixed_qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
-            fb: ForwardBatch) -> torch.Tensor:
-        """mixed_qkv: [T, conv_dim]; z: [T, HV, Dv]; b, a: [T, HV]. Returns [T, HV*Dv]."""
+            fb: ForwardBatch, conv_done: bool = False) -> torch.Tensor:
+        """mixed_qkv: [T, conv_dim] (the causal conv's output if conv_done, else its input);
+        z: [T, HV, Dv]; b, a: [T, HV]. Returns the core's output [T, HV*Dv] before the gated
+        norm, which `project_out` runs with the out projection."""
         pool = fb.state_pool
         conv_states = pool.conv_states[self.state_layer_id]  # [N+1, conv_dim, K-1]
         ssm_states = pool.ssm_states[self.state_layer_id]  # [N+1, HV, Dk, Dv]
-        mixed_qkv = ops.causal_conv1d(mixed_qkv, self.conv1d.weight[:, 0, :], None, conv_states, fb, "silu")
+        if not conv_done:
+            mixed_qkv = ops.causal_conv1d(mixed_qkv, self.conv1d.weight[:, 0, :], None, conv_states, fb, "silu")
         num_tokens = mixed_qkv.shape[0]
         q, k, v = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(num_tokens, self.num_k_heads, self.head_k_dim)
@@ -84,5 +104,9 @@ class GatedDeltaNetBase(nn.Module):
         # gates g (log decay) and beta from a, b: [T, HV] each, inside the recurrent kernel on GPU
         core = ops.gated_delta_rule_from_projections(q, k, v, a, b, self.A_log, self.dt_bias, ssm_states, fb,
                                                      use_qk_l2norm=True)  # [T, HV, Dv]
-        out = self.norm(core, z)  # [T, HV, Dv]
-        return out.reshape(num_tokens, self.value_dim)
+        return core.reshape(num_tokens, self.value_dim)
+
+    def project_out(self, core: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """out_proj(gated_norm(core, z)): core [T, HV*Dv], z [T, HV, Dv] -> [T, H]. At a decode
+        row the norm runs inside the projection's launch (ops.linear's x_gated_norm)."""
+        return self.out_proj(core, x_gated_norm=(z, self.norm.weight, self.norm.eps))

@@ -110,15 +110,16 @@ class RowParallelLinear(nn.Module):
         attach_segmented_loader(self.weight, [input_size], dim=1)
         self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
-    def forward(self, x: torch.Tensor, x_silu_and_mul: bool = False) -> torch.Tensor:
-        """x_silu_and_mul: x is [..., 2 * in/tp] (gate | up) and the input is silu(gate) * up
-        (ops.linear: in the skinny kernel's launch at one row)."""
+    def forward(self, x: torch.Tensor, x_silu_and_mul: bool = False, **x_op) -> torch.Tensor:
+        """x_silu_and_mul: x is [..., 2 * in/tp] (gate | up) and the input is silu(gate) * up;
+        x_op: `x_sigmoid_gate=` or `x_gated_norm=`, another operation on x giving the input
+        (ops.linear: each in the skinny kernel's launch at one row)."""
         model_dtype = self.weight.dtype if x_silu_and_mul else x.dtype
         if partial_sum_dtype(model_dtype) != model_dtype:  # fp32 partial sums, rounded once after the reduce
             y = all_reduce(ops.linear(x, self.weight, out_dtype=torch.float32,
-                                      x_silu_and_mul=x_silu_and_mul)).to(model_dtype)
+                                      x_silu_and_mul=x_silu_and_mul, **x_op)).to(model_dtype)
         else:
-            y = all_reduce(ops.linear(x, self.weight, x_silu_and_mul=x_silu_and_mul))
+            y = all_reduce(ops.linear(x, self.weight, x_silu_and_mul=x_silu_and_mul, **x_op))
         return y if self.bias is None else y + self.bias
 
     def partial(self, x: torch.Tensor, out_dtype: torch.dtype, x_silu_and_mul: bool = False) -> torch.Tensor:

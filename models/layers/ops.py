@@ -36,19 +36,38 @@ from .state_mixer_ops import (  # noqa: F401
 
 # ----- linears -----------------------------------------------------------------------------
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False,
+           x_sigmoid_gate: torch.Tensor | None = None,
+           x_gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> torch.Tensor:
     """x W^T (+ b). x: [..., K]; weight: [N, K]. out_dtype: None (x's dtype) or torch.float32
     (fp32 accumulation left unrounded, for a tensor-parallel reduce). On the kernel path bf16/fp16
     rows go through kernels/linear: one row (skinny kernel) or up to 16 (tensor-core few-rows
     kernel: a verify row, a small decode batch); everything else to torch (cuBLAS on CUDA).
-    x_silu_and_mul: x is [..., 2K] (gate | up) and the product's input is
-    `silu_and_mul(x, out_dtype=weight.dtype)`; one row on the kernel path does it inside the
-    skinny kernel's launch (the same bits), other inputs run the two ops."""
+    The product's input may be an operation on x, done inside the skinny kernel's launch for a
+    `skinny_row` (the separate op's bits, or for the norm its rounding), else as its own op first:
+    x_silu_and_mul: x is [..., 2K] (gate | up), the input `silu_and_mul(x, out_dtype=weight.dtype)`;
+    x_sigmoid_gate: gate [T, H, D] (H * D = K, may be a strided slice), the input
+    `sigmoid_gate_mul(x, gate)` (an attention output gate);
+    x_gated_norm: (gate [T, H, D], norm weight [D], eps), the input `gated_rms_norm(x, gate, ...)`
+    per head (a GDN output norm)."""
     if x_silu_and_mul:
         if skinny_row(x, weight) and x.dtype in (torch.float32, weight.dtype):
             y = _linear.skinny_linear(_rows_view(x), weight, bias, out_dtype, x_silu_and_mul=True)
             return y.reshape(*x.shape[:-1], weight.shape[0])
         x = silu_and_mul(x, out_dtype=weight.dtype)
+    elif x_sigmoid_gate is not None or x_gated_norm is not None:
+        gate = x_sigmoid_gate if x_sigmoid_gate is not None else x_gated_norm[0]
+        fused = skinny_row(x, weight) if x_sigmoid_gate is not None else gated_norm_row(x, weight, gate)
+        if fused and x.dtype == weight.dtype and gate.stride(-1) == 1:
+            flat = _rows_view(x)
+            y = _linear.skinny_linear(flat, weight, bias, out_dtype, x_sigmoid_gate=x_sigmoid_gate,
+                                      x_gated_norm=x_gated_norm)
+            return y.reshape(*x.shape[:-1], weight.shape[0])
+        x3 = x.reshape(gate.shape)
+        if x_sigmoid_gate is not None:
+            x = sigmoid_gate_mul(x3, gate)
+        else:
+            x = gated_rms_norm(x3, gate, x_gated_norm[1], x_gated_norm[2]).reshape(x.shape)
     if few_rows(x) and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
         flat = _rows_view(x)
         kernel = _linear.skinny_linear if flat.shape[0] <= skinny_rows_limit() else _linear.few_rows_linear
@@ -62,6 +81,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if bias is None else y + bias.float()
 
 
+def linear_into_decode_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                            conv_weight: torch.Tensor, conv_states: torch.Tensor, fb: ForwardBatch,
+                            activation: str | None) -> tuple[torch.Tensor, bool]:
+    """x W^T (+ b) whose first conv_weight.shape[0] ([C, W]) columns are a causal conv's input
+    (a GDN in-projection). Returns (y, conv_done): for a `skinny_row` of a pure decode step
+    (one token a row, no checkpoint, no verify scratch) the conv runs in the projection's launch
+    (kernels/linear's decode_conv: causal_conv1d's bits, the windows in conv_states moved on)
+    and those columns are its output; otherwise (linear(x), False) and the caller runs
+    `causal_conv1d`."""
+    if (skinny_row(x, weight) and fb.max_extend_len == 1 and not fb.checkpoints and not fb.spec_scratch_steps
+            and x.dtype == weight.dtype == conv_states.dtype):
+        flat = _rows_view(x)
+        y = _linear.skinny_linear(flat, weight, bias, decode_conv=(conv_weight, conv_states, fb.state_slots,
+                                                                   activation))
+        return y.reshape(*x.shape[:-1], weight.shape[0]), True
+    return linear(x, weight, bias), False
+
+
 def _num_rows(x: torch.Tensor) -> int:
     """Rows of x ([..., K]) as a linear sees them."""
     return x.numel() // x.shape[-1] if x.shape[-1] else 0
@@ -73,11 +110,26 @@ def _rows_view(x: torch.Tensor) -> torch.Tensor:
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
+def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return 0 < _num_rows(x) <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
+
+
 def skinny_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a linear of x by `weight` is the skinny kernel's (rows up to HYBRID_SERVE_SKINNY_ROWS,
     a decode row by default, on the kernel path, half-precision weights): where the fused inputs
-    and epilogues (`linear(x_silu_and_mul=True)`, `shared_expert_combine`) run in its launch."""
-    return 0 < _num_rows(x) <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
+    and epilogues that give the separate launches' bits (`linear(x_silu_and_mul=True)`,
+    `linear(x_sigmoid_gate=)`, `shared_expert_combine`) run in its launch."""
+    return _skinny(x, weight)
+
+
+def gated_norm_row(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether `linear(x_gated_norm=(gate, ...))` runs the norm inside the skinny kernel's launch
+    (a `skinny_row` whose heads, gate.shape[-1], are a power of two). Its per-head sums of
+    squares may add in another order than kernels/norm's, so a normalized input can differ from
+    the separate launch's by a rounding (its own predicate: tests compare the exact fusions
+    alone)."""
+    head_d = gate.shape[-1]
+    return _skinny(x, weight) and head_d > 0 and head_d & (head_d - 1) == 0
 
 
 def shared_expert_combine(gate_up: torch.Tensor, down_weight: torch.Tensor, topk_rows: torch.Tensor,

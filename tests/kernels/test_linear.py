@@ -46,6 +46,98 @@ def test_skinny_linear_silu_and_mul_input(m, n, k, gate_up_dtype):
         skinny_linear(gate_up, _rand(n, k + 1), x_silu_and_mul=True)
 
 
+@pytest.mark.parametrize("m,h,d,n", [(1, 4, 16, 24), (3, 3, 12, 10), (1, 8, 128, 8)])
+def test_skinny_linear_sigmoid_gate_input(m, h, d, n):
+    """x_sigmoid_gate: the attention output gate inside the launch, its gate read in place from a
+    strided slice ([q | gate] per head), gives the bits of sigmoid_gate_mul then the plain kernel."""
+    from hybrid_serve.kernels.activation import sigmoid_gate_mul
+
+    x = _rand(m, h, d, seed=11)
+    gate = _rand(m, h, 2 * d, seed=12)[:, :, d:]  # the second half of every head's row
+    w = _rand(n, h * d, seed=13)
+    for out_dtype in (None, torch.float32):
+        got = skinny_linear(x.reshape(m, h * d), w, out_dtype=out_dtype, x_sigmoid_gate=gate)
+        two_launches = skinny_linear(sigmoid_gate_mul(x, gate), w, out_dtype=out_dtype)
+        assert torch.equal(got, two_launches)
+    want = skinny_linear_ref(x.reshape(m, h * d).cpu(), w.cpu(), out_dtype=torch.float32, x_sigmoid_gate=gate.cpu())
+    assert rel_err(got.cpu(), want) < 1e-5
+    with pytest.raises(ValueError, match="H \\* D"):
+        skinny_linear(x.reshape(m, h * d), w, x_sigmoid_gate=gate[:, 1:])
+    with pytest.raises(ValueError, match="exclusive"):
+        skinny_linear(x.reshape(m, h * d), w, x_sigmoid_gate=gate, x_silu_and_mul=True)
+
+
+@pytest.mark.parametrize("m,h,d,n,block_k", [(1, 4, 32, 24, None), (1, 6, 16, 10, 32), (2, 32, 128, 8, None)])
+@pytest.mark.parametrize("norm_dtype", [torch.bfloat16, torch.float32])
+def test_skinny_linear_gated_norm_input(m, h, d, n, block_k, norm_dtype):
+    """x_gated_norm: a GDN output norm (per head, then silu(z)) inside the out projection's launch,
+    z read in place from its slice of the in-projection. Each head's sum of squares may add in
+    another order than the norm kernel's, so against the two launches the inputs may differ by a
+    rounding (1 in 256 at most here) and the outputs stay at bf16 precision; against the
+    reference likewise."""
+    from hybrid_serve.kernels.norm import gated_rms_norm
+
+    x = _rand(m, h, d, seed=21) * 3
+    z = _rand(m, 2 * h * d + 5, seed=22)[:, 5 + h * d:].reshape(m, h, d)  # a column slice
+    nw = (_rand(d, seed=23) * 0.5 + 1).to(norm_dtype)
+    w = _rand(n, h * d, seed=24)
+    eps = 1e-6
+    normed = gated_rms_norm(x, z, nw, eps)
+    for out_dtype in (None, torch.float32):
+        got = skinny_linear(x.reshape(m, h * d), w, out_dtype=out_dtype, x_gated_norm=(z, nw, eps), block_k=block_k)
+        two_launches = skinny_linear(normed.reshape(m, h * d), w, out_dtype=out_dtype)
+        assert got.dtype == (out_dtype or w.dtype)
+        assert rel_err(got.float().cpu(), two_launches.float().cpu()) < 4e-3
+    want = skinny_linear_ref(x.reshape(m, h * d).cpu(), w.cpu(), out_dtype=torch.float32,
+                             x_gated_norm=(z.cpu(), nw.cpu(), eps))
+    assert rel_err(got.cpu(), want) < 4e-3
+    # the input itself, through a weight that picks input j for output j
+    k = h * d
+    eye = torch.eye(k, dtype=torch.bfloat16, device=DEVICE)
+    picked = skinny_linear(x.reshape(m, k), eye, x_gated_norm=(z, nw, eps), block_k=block_k)
+    ref_in = normed.reshape(m, k)
+    assert (picked != ref_in).float().mean().item() <= 1 / 256
+    assert rel_err(picked.float().cpu(), ref_in.float().cpu()) < 4e-3
+    with pytest.raises(ValueError, match="power-of-two"):
+        skinny_linear(_rand(1, 36), _rand(4, 36), x_gated_norm=(_rand(1, 3, 12), _rand(12), eps))
+    with pytest.raises(ValueError, match="whole heads"):
+        skinny_linear(_rand(1, 64), _rand(4, 64), x_gated_norm=(_rand(1, 2, 32), _rand(32), eps), block_k=48)
+
+
+@pytest.mark.parametrize("m,n,k,channels,width", [(1, 40, 64, 24, 4), (3, 20, 48, 20, 4), (2, 12, 32, 6, 2)])
+@pytest.mark.parametrize("activation", ["silu", None])
+def test_skinny_linear_decode_conv_epilogue(m, n, k, channels, width, activation):
+    """decode_conv: a GDN in-projection whose first channels feed the causal conv, one decode token
+    a row: the product's conv channels come out as causal_conv1d_varlen's output over the plain
+    product (bits), the other channels as the plain product, and the slots' windows move on as
+    the conv kernel moves them; a negative slot reads zeros and writes nothing."""
+    from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen
+
+    x, w = _rand(m, k, seed=31), _rand(n, k, seed=32)
+    conv_w = _rand(channels, 1, width, seed=33)[:, 0, :]  # the model's [C, 1, W] parameter, strided
+    states = _rand(6, channels + 3, width - 1, seed=34)  # more channels in the pool than convolved: ignored
+    slots = torch.tensor([4, -1, 2][:m], dtype=torch.int32, device=DEVICE)
+    cu = torch.arange(m + 1, dtype=torch.int32, device=DEVICE)
+    plain = skinny_linear(x, w)
+    want_states = states.clone()
+    want_conv = causal_conv1d_varlen(plain[:, :channels].contiguous(), conv_w, None, want_states[:, :channels],
+                                     slots, cu, activation)
+    got_states = states.clone()
+    got = skinny_linear(x, w, decode_conv=(conv_w, got_states[:, :channels], slots, activation))
+    assert torch.equal(got[:, channels:], plain[:, channels:])
+    assert torch.equal(got[:, :channels], want_conv)
+    assert torch.equal(got_states, want_states)
+    ref_states = states.cpu().clone()
+    ref = skinny_linear_ref(x.cpu(), w.cpu(), decode_conv=(conv_w.cpu(), ref_states[:, :channels], slots.cpu(),
+                                                           activation))
+    assert rel_err(got.float().cpu(), ref.float()) < 4e-3
+    assert torch.equal(ref_states[:, channels:], states.cpu()[:, channels:])
+    with pytest.raises(ValueError, match="activation"):
+        skinny_linear(x, w, decode_conv=(conv_w, got_states[:, :channels], slots, "gelu"))
+    with pytest.raises(ValueError, match="state_slots"):
+        skinny_linear(x, w, decode_conv=(conv_w, got_states[:, :channels], slots[:0], activation))
+
+
 def test_skinny_linear_tiles_override_and_strided_rows():
     x = _rand(4, 2 * 96, seed=4)[:, ::2]  # non-contiguous last dim: refused
     w = _rand(48, 96, seed=5)

@@ -28,13 +28,13 @@ MAX_CONTEXT = 80  # > one 64-key block, so paged attention splits the keys and m
 ROW_STATE_SLOTS = {1: 3, 2: 1, 3: 2}  # request row -> state slot
 
 
-def _pools(model, device):
+def _pools(model, device, dtype=torch.float32):
     kv = model.kv_spec()
-    spec = model.state_spec(torch.float32) or StateSpec(1, 1, None, torch.float32)
+    spec = model.state_spec(dtype) or StateSpec(1, 1, None, dtype)
     kv_pool = None
     if kv is not None and model.layer_ids.num_attn_layers:
         kv_pool = KVPool(16, 16, model.layer_ids.num_attn_layers, kv.num_kv_heads, kv.head_dim, kv.v_head_dim,
-                         torch.float32, device)
+                         dtype, device)
     state_pool = StatePool(4, max(model.layer_ids.num_state_layers, 1), spec, device)
     table = RequestRowTable(3, MAX_CONTEXT, device)
     kv_perm = torch.randperm(15 * 16, generator=torch.Generator().manual_seed(0)) + 16  # page 0 is reserved
@@ -44,11 +44,11 @@ def _pools(model, device):
     return kv_pool, state_pool, table
 
 
-def _run(model, steps, token_ids, force_triton, monkeypatch, device="cpu"):
+def _run(model, steps, token_ids, force_triton, monkeypatch, device="cpu", dtype=torch.float32):
     """steps: [(req_rows, prefix_lens, extend_lens)]; token_ids: row -> prompt tokens.
     Returns (logits of every step's last tokens [sum B, V], the pools' tensors), on the CPU."""
     monkeypatch.setenv(KERNELS_ENV, "triton" if force_triton else "auto")
-    kv_pool, state_pool, table = _pools(model, device)
+    kv_pool, state_pool, table = _pools(model, device, dtype)
     logits = []
     with torch.no_grad():
         for rows, prefix_lens, extend_lens in steps:
@@ -70,11 +70,11 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def models(reference_models):
     cache = {}
 
-    def get(family, device):
-        if (family, device) not in cache:
+    def get(family, device, dtype="float32"):
+        if (family, device, dtype) not in cache:
             model_dir = reference_models(family)[0]
-            cache[family, device] = load_model(model_dir, dtype="float32", device=device, progress=False)[0]
-        return cache[family, device]
+            cache[family, device, dtype] = load_model(model_dir, dtype=dtype, device=device, progress=False)[0]
+        return cache[family, device, dtype]
 
     return get
 
@@ -146,3 +146,41 @@ def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
     assert _rel(got_logits, want_logits) < 1e-6
     for got, want in zip(got_pools, want_pools):
         assert _rel(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_decode_row_fusions_in_bf16(family, models, monkeypatch):
+    """In bf16 a decode row takes the skinny kernel with its fused inputs and epilogues (the
+    attention output gate and the GDN output norm inside the out projections, the GDN causal
+    conv inside the in-projection, the SwiGLU
+    activation inside the down projection, the MoE shared expert and experts' sum in one
+    launch). One row decoding after its prompt: the fused launches ran, the logits are those of
+    the same kernel path with every fusion sent back to its separate launch (the GDN norm's sums
+    of squares may round differently on a GPU: 5e-3), and the reference path's at bf16 precision
+    (the kernel path's own distance from the reference in bf16 is ~2.4e-2 for these models)."""
+    from hybrid_serve.kernels import linear as klinear
+    from hybrid_serve.models.layers import ops
+
+    model = models(family, TRITON_DEVICE, "bfloat16")
+    gen = torch.Generator().manual_seed(3)
+    token_ids = {row: torch.randint(0, model.hf_config.vocab_size, (48,), generator=gen) for row in ROW_STATE_SLOTS}
+    steps = [([2], [0], [6]), ([2], [6], [1]), ([2], [7], [1])]
+    want, _ = _run(models(family, "cpu", "bfloat16"), steps, token_ids, False, monkeypatch, dtype=torch.bfloat16)
+    fused = set()
+    real = klinear.skinny_linear
+
+    def spy(*args, **kwargs):
+        fused.update(k for k, v in kwargs.items() if k.startswith(("x_", "topk", "decode")) and v is not None
+                     and v is not False)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(klinear, "skinny_linear", spy)
+    got, got_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
+    assert {"x_sigmoid_gate", "x_gated_norm", "x_silu_and_mul", "decode_conv"} <= fused, fused
+    assert ("topk_rows" in fused) == (family == "qwen3_next")
+    monkeypatch.setattr(ops, "skinny_row", lambda x, weight: False)
+    monkeypatch.setattr(ops, "gated_norm_row", lambda x, weight, gate: False)
+    unfused, unfused_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
+    assert _rel(got.float(), unfused.float()) < 5e-3
+    assert torch.equal(got_pools[0], unfused_pools[0])  # the conv windows: the fused conv's bits
+    assert _rel(got.float(), want.float()) < 4e-2
