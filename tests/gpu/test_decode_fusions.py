@@ -1,8 +1,11 @@
 """Decode-row fusions on a GPU give the tokens of the launches they replace, in bf16 (the
 skinny linear runs only in half dtypes), with decode graphs, for every family: a SwiGLU
-MLP's activation inside its down projection's launch (`ops.linear(x_silu_and_mul=True)`), and
-a MoE block's shared expert and experts' sum in one launch (`ops.shared_expert_combine`).
-The unfused run sends both back to their separate launches (`ops.skinny_row`). Marker `gpu`."""
+MLP's activation inside its down projection's launch (`ops.linear(x_silu_and_mul=True)`), an
+attention output gate inside o_proj's (`x_sigmoid_gate=`), a GDN causal conv inside the
+in-projection's (`ops.linear_into_decode_conv`), and a MoE block's shared expert and experts'
+sum in one launch (`ops.shared_expert_combine`). The unfused run sends these back to their
+separate launches (`ops.skinny_row`); the GDN output norm inside out_proj, which may round
+differently, stays fused in both (tests/models/test_triton_path.py compares it). Marker `gpu`."""
 import os
 
 import pytest
