@@ -5,7 +5,7 @@ decode step streams a new weight per layer; reported: us per call and the weight
 Then the whole decode step's linears (18 GDN in_proj, 6 q/k/v, 24 gate_up, 24 out/o_proj,
 24 down_proj, the LM head) with cuBLAS and with the best configuration per shape.
 
-    python benchmarks/linear_sweep.py [--rows 1,2,4,8] [--quick]
+    python benchmarks/linear_sweep.py [--rows 1,2,4,8] [--quick] [--model qwen3_next_80b_12l]
     python benchmarks/linear_sweep.py --few-rows [--rows 2,5,8,16]   # the tensor-core kernel
 
 `--few-rows` times kernels.linear.few_rows_linear (2-16 rows: verify rows of K + 1 tokens, small
@@ -27,6 +27,11 @@ from hybrid_serve.kernels.linear import few_rows_linear, skinny_linear, skinny_l
 # (name, N, K, calls per decode step) for the 2.3B Qwen3.5 layout at tp=1
 SHAPES = [("gdn_in_proj", 12352, 2048, 18), ("attn_qkv", 9216, 2048, 6), ("gate_up", 12288, 2048, 24),
           ("out_o_proj", 2048, 4096, 24), ("down_proj", 2048, 6144, 24), ("lm_head", 151936, 2048, 1)]
+# the same for the 12-layer Qwen3-Next-80B-A3B slice (model_configs.qwen3_next_80b_12l, tp=1): 9 GDN
+# and 3 attention layers, each MoE block's x projections (router 512 + shared gate 1 + shared
+# gate/up 1024, fp32 sums in the model) and its shared expert's down projection
+SHAPES_QWEN3_NEXT_12L = [("gdn_in_proj", 12352, 2048, 9), ("attn_qkv", 9216, 2048, 3), ("out_o_proj", 2048, 4096, 12),
+                         ("moe_x_proj", 1537, 2048, 12), ("shared_down", 2048, 512, 12), ("lm_head", 151936, 2048, 1)]
 
 
 def graph_time_us(fn, calls: int, reps: int = 20) -> float:
@@ -136,7 +141,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="")
     ap.add_argument("--few-rows", action="store_true", help="sweep the tensor-core few-rows kernel")
+    ap.add_argument("--model", choices=("qwen3_5_2p3b", "qwen3_next_80b_12l"), default="qwen3_5_2p3b",
+                    help="whose decode-step linears (shapes and calls a step)")
     args = ap.parse_args()
+    global SHAPES
+    if args.model == "qwen3_next_80b_12l":
+        SHAPES = SHAPES_QWEN3_NEXT_12L
     if args.few_rows:
         few_rows_main([int(r) for r in args.rows.split(",")], args.json)
         return
