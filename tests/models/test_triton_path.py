@@ -148,7 +148,9 @@ def test_varlen_ops_write_their_out_buffer(family, models, monkeypatch):
         assert _rel(got, want) < 1e-6
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+# Qwen3-Next takes every fused input at a decode row (its dense sibling, Qwen3.5, adds only the
+# plain SwiGLU MLP's, covered by the kernel tests and tests/gpu/test_decode_fusions.py): CI time
+@pytest.mark.parametrize("family", ["qwen3_next"])
 def test_decode_row_fusions_in_bf16(family, models, monkeypatch):
     """In bf16 a decode row takes the skinny kernel with its fused inputs and epilogues (the
     attention output gate and the GDN output norm inside the out projections, the GDN causal
