@@ -26,53 +26,13 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
+from .skinny_fusions import (
+    X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, conv_decode_epilogue, decode_conv_args, skinny_x_tile,
+    x_gate_args,
+)
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-# The skinny kernel's input operations (X_OP): the product's input computed from x in the launch.
-X_PLAIN, X_SILU_AND_MUL, X_SIGMOID_GATE, X_GATED_NORM = 0, 1, 2, 3
-
-
-@triton.jit
-def _skinny_x_tile(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, nw_ptr, eps, offs_m, offs_k, K, mask,
-                   w_dtype: tl.constexpr, X_OP: tl.constexpr, HEAD_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROD_DTYPE: tl.constexpr):
-    """One [BM, BK] tile of the product's input at rows offs_m, inputs offs_k (absolute), rounded
-    to W's dtype as the separate launch it replaces stores it:
-    X_PLAIN           x itself;
-    X_SILU_AND_MUL    silu(gate) * up from rows [gate | up] (kernels/activation's silu_and_mul:
-                      gate and up rounded to W's dtype first, fp32 math);
-    X_SIGMOID_GATE    x * sigmoid(g) (kernels/activation's sigmoid_gate_mul: the sigmoid rounded
-                      to g's dtype);
-    X_GATED_NORM      per head of HEAD_D inputs, (nw * norm(x).to(x)).to(PROD) * silu(g)
-                      (kernels/norm's gated_rms_norm; BLOCK_K a multiple of HEAD_D).
-    g (X_SIGMOID_GATE, X_GATED_NORM) is read in place: input k of row m at
-    g_ptr + m * stride_gm + (k // HEAD_D) * stride_gh + k % HEAD_D (a slice of a wider projection)."""
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
-    if X_OP == 1:
-        gate = tl.load(x_ptrs, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
-        up = tl.load(x_ptrs + K, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
-        xv = (gate / (1.0 + tl.exp(-gate)) * up).to(w_dtype)
-    elif X_OP == 2 or X_OP == 3:
-        xf = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
-        g_ptrs = g_ptr + offs_m[:, None] * stride_gm + ((offs_k // HEAD_D) * stride_gh + offs_k % HEAD_D)[None, :]
-        g = tl.load(g_ptrs, mask=mask, other=0.0)
-        if X_OP == 2:
-            sig = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(g.dtype).to(tl.float32)
-            xv = (xf * sig).to(w_dtype)
-        else:
-            x3 = tl.reshape(xf, (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
-            n = x3 * tl.rsqrt(tl.sum(x3 * x3, axis=2) / HEAD_D + eps)[:, :, None]
-            nw = tl.load(nw_ptr + tl.arange(0, HEAD_D)).to(tl.float32)
-            g3 = tl.reshape(g.to(tl.float32), (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
-            y = (nw[None, None, :] * n.to(w_dtype).to(tl.float32)).to(PROD_DTYPE).to(tl.float32) \
-                * (g3 / (1.0 + tl.exp(-g3)))
-            xv = tl.reshape(y.to(w_dtype), (BLOCK_M, BLOCK_K))
-    else:
-        xv = tl.load(x_ptrs, mask=mask, other=0.0)
-    return xv
 
 
 @triton.jit
@@ -85,19 +45,19 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                           TOP_K: tl.constexpr = 0, HAS_GATE: tl.constexpr = False,
                           GATE_DTYPE: tl.constexpr = tl.float32,
                           CONV_K: tl.constexpr = 0, CONV_SILU: tl.constexpr = False, conv_w_ptr=None,
-                          stride_cw=0, conv_states_ptr=None, conv_slots_ptr=None, conv_num_slots=0,
+                          stride_cw=0, conv_states_ptr=None, state_slots_ptr=None, conv_num_slots=0,
                           conv_channels=0, stride_cs_n=0, stride_cs_d=0, stride_cs_k=0,
                           PDL: tl.constexpr = False):
     """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
     the kernel before this one finishes (no kernel writes a weight). X_OP: the product's input
-    is an operation on x done in this launch (`_skinny_x_tile`: silu_and_mul of [gate | up]
+    is an operation on x done in this launch (`skinny_fusions.skinny_x_tile`: silu_and_mul of [gate | up]
     rows of 2K values, a sigmoid gate, a per-head gated RMSNorm), with the bits of the separate
     launch it replaces.
     TOP_K > 0: y[m] = sum_{k < TOP_K} rows[m * TOP_K + k] (fp32, slot order) + g[m] * (x W^T)[m],
     g = sigmoid(gate[m]) with the logit and the sigmoid rounded to GATE_DTYPE (1 without
     HAS_GATE), rounded once: kernels/moe's combine with this product as its shared term.
     CONV_K > 0: the first conv_channels outputs are a causal depthwise conv's input, one decode
-    token per row m (`_conv_decode_epilogue`): they are stored as the conv's output."""
+    token per row m (`skinny_fusions.conv_decode_epilogue`): they are stored as the conv's output."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -110,7 +70,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_enter(PDL)
-    xv = _skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
+    xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
                         m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
                         X_PROD_DTYPE)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
@@ -126,7 +86,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
             k_ok = (k0 + offs_k) < K
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x_mask = m_ok[:, None] & k_ok[None, :]
-        xv = _skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k,
+        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k,
                             K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE)
         acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
@@ -145,38 +105,11 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                              mask=row_mask, other=0.0)
         y = total + y
     if CONV_K > 0:
-        y = _conv_decode_epilogue(y.to(y_ptr.dtype.element_ty).to(tl.float32), y, offs_m, offs_n, m_ok, n_ok,
-                                  conv_w_ptr, stride_cw, conv_states_ptr, conv_slots_ptr, conv_num_slots,
+        y = conv_decode_epilogue(y.to(y_ptr.dtype.element_ty).to(tl.float32), y, offs_m, offs_n, m_ok, n_ok,
+                                  conv_w_ptr, stride_cw, conv_states_ptr, state_slots_ptr, conv_num_slots,
                                   conv_channels, stride_cs_n, stride_cs_d, stride_cs_k, CONV_K, CONV_SILU)
     y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _conv_decode_epilogue(xq, y, offs_m, offs_n, m_ok, n_ok, w_ptr, stride_w, states_ptr, slots_ptr, num_slots,
-                          channels, stride_s_n, stride_s_d, stride_s_k, CONV_K: tl.constexpr, SILU: tl.constexpr):
-    """kernels/causal_conv1d's decode step for channels offs_n < `channels` of rows offs_m, one
-    token a row whose input is xq ([BM, BN], the projection as the separate launch stores it):
-    out = sum_j w[c, j] * window_j (the pool's K-1 columns of the row's slot, then xq), in that
-    order in fp32 (silu after, if SILU), and the window moves on by one (columns shifted left,
-    xq last). A negative or out-of-range slot reads zeros and writes nothing (as the conv
-    kernel). Every channel is this program's own: no other program reads or writes its window.
-    Other channels keep y."""
-    slot = tl.load(slots_ptr + offs_m, mask=m_ok, other=-1).to(tl.int64)
-    c_ok = n_ok & (offs_n < channels)
-    s_mask = (m_ok & (slot >= 0) & (slot < num_slots))[:, None] & c_ok[None, :]
-    s_ptrs = states_ptr + slot[:, None] * stride_s_n + offs_n[None, :].to(tl.int64) * stride_s_d  # [BM, BN]
-    acc = tl.zeros(xq.shape, dtype=tl.float32)
-    for j in tl.static_range(CONV_K - 1):
-        sv = tl.load(s_ptrs + j * stride_s_k, mask=s_mask, other=0.0)
-        acc += sv.to(tl.float32) * tl.load(w_ptr + offs_n * stride_w + j, mask=c_ok, other=0.0).to(tl.float32)[None, :]
-        if j > 0:
-            tl.store(s_ptrs + (j - 1) * stride_s_k, sv, mask=s_mask)
-    acc += xq * tl.load(w_ptr + offs_n * stride_w + (CONV_K - 1), mask=c_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(s_ptrs + (CONV_K - 2) * stride_s_k, xq.to(states_ptr.dtype.element_ty), mask=s_mask)
-    if SILU:
-        acc = acc * tl.sigmoid(acc)
-    return tl.where(c_ok[None, :], acc, y)
 
 
 def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -222,16 +155,6 @@ def skinny_config(m: int, k: int) -> dict:
     return dict(block_n=4, block_k=block_k, num_warps=num_warps)
 
 
-def _x_gate_args(name: str, gate: torch.Tensor, m: int, k: int, x: torch.Tensor) -> tuple[int, int, int]:
-    """(stride_gm, stride_gh, head_d) of a [M, H, D] gate (H * D = K, last dim contiguous) read in
-    place by the skinny kernel's X_SIGMOID_GATE / X_GATED_NORM inputs."""
-    check_tensor(name, gate, ndim=3, dtypes=(torch.float32, *_HALF_DTYPES), device=x.device, last_contiguous=False)
-    if gate.shape[0] != m or gate.shape[1] * gate.shape[2] != k or gate.stride(2) != 1:
-        raise ValueError(f"{name} must be a [{m}, H, D] view with H * D = {k} and a contiguous last dim, "
-                         f"got shape {tuple(gate.shape)} strides {gate.stride()}")
-    return gate.stride(0), gate.stride(1), gate.shape[2]
-
-
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False,
                   x_sigmoid_gate: torch.Tensor | None = None,
@@ -270,11 +193,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x_op = X_SILU_AND_MUL
     elif x_sigmoid_gate is not None:
         x_op, gate = X_SIGMOID_GATE, x_sigmoid_gate
-        *gate_args, head_d = _x_gate_args("x_sigmoid_gate", gate, m, k, x)
+        *gate_args, head_d = x_gate_args("x_sigmoid_gate", gate, m, k, x)
     elif x_gated_norm is not None:
         gate, nw, eps = x_gated_norm
         x_op = X_GATED_NORM
-        *gate_args, head_d = _x_gate_args("x_gated_norm's gate", gate, m, k, x)
+        *gate_args, head_d = x_gate_args("x_gated_norm's gate", gate, m, k, x)
         check_tensor("x_gated_norm's weight", nw, ndim=1, dtypes=(torch.float32, *_HALF_DTYPES), shape=(head_d,),
                      device=x.device)
         if head_d != next_pow2(head_d):
@@ -293,7 +216,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
             raise ValueError("shared_gate needs topk_rows (it gates the product in their sum)")
         check_tensor("shared_gate", shared_gate, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES), shape=(m, 1),
                      device=x.device, last_contiguous=False)
-    conv = _decode_conv_args(decode_conv, y, m) if decode_conv is not None else None
+    conv = decode_conv_args(decode_conv, y, m) if decode_conv is not None else None
     if conv is not None and topk_rows is not None:
         raise ValueError("decode_conv and topk_rows are exclusive")
     if done:
@@ -318,28 +241,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype],
         **(conv or {}), num_warps=warps)
     return y
-
-
-def _decode_conv_args(decode_conv: tuple, y: torch.Tensor, m: int) -> dict:
-    """The skinny kernel's conv-epilogue arguments for `skinny_linear(decode_conv=)`, checked."""
-    conv_w, states, slots, activation = decode_conv
-    if activation not in (None, "silu", "swish"):
-        raise ValueError(f"decode_conv activation must be None or 'silu', got {activation!r}")
-    check_tensor("decode_conv weight", conv_w, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES), device=y.device,
-                 last_contiguous=False)
-    channels, width = conv_w.shape
-    if width < 2 or conv_w.stride(1) != 1:
-        raise ValueError(f"decode_conv weight must be [C, W >= 2] with contiguous taps, got {tuple(conv_w.shape)} "
-                         f"strides {conv_w.stride()}")
-    check_tensor("conv_states", states, ndim=3, dtypes=(y.dtype,), shape=(None, None, width - 1), device=y.device,
-                 last_contiguous=False)
-    if states.shape[1] < channels or channels > y.shape[1]:
-        raise ValueError(f"decode_conv: {channels} conv channels, conv_states hold {states.shape[1]}, "
-                         f"the product has {y.shape[1]} outputs")
-    check_tensor("state_slots", slots, ndim=1, dtypes=(torch.int32, torch.int64), shape=(m,), device=y.device)
-    return dict(CONV_K=width, CONV_SILU=activation is not None, conv_w_ptr=conv_w, stride_cw=conv_w.stride(0),
-                conv_states_ptr=states, conv_slots_ptr=slots, conv_num_slots=states.shape[0], conv_channels=channels,
-                stride_cs_n=states.stride(0), stride_cs_d=states.stride(1), stride_cs_k=states.stride(2))
 
 
 FEW_ROWS_MAX_ROWS = 16  # most rows of x the tensor-core few-rows kernel takes (one 16-row MMA tile)
