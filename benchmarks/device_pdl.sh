@@ -40,6 +40,15 @@ for step in $STEPS; do
             --batches ${TREE_BATCHES:-1,4} 2>&1 | grep -v "^\[" | tail -2
         done
       done 2>&1 | tee "$OUT/tree_ab.log" ;;
+    llmgen)  # end to end through LLM.generate: this tree against OLD_TREE, alternating processes
+      for r in $(seq ${TREE_REPEATS:-2}); do
+        for t in old new; do
+          if [ $t = old ]; then pp=$OLD_TREE; else pp=; fi
+          PYTHONPATH=$pp timeout 200 python3 benchmarks/throughput.py --model ${TREE_MODEL:-qwen3_next_80b_12l} \
+            --num-prompts ${LLMGEN_PROMPTS:-1} --input-len ${LLMGEN_IN:-1000} --output-len ${LLMGEN_OUT:-1000} \
+            --baseline none --json "$OUT/llmgen_$t$r.json" 2>&1 | grep -v "^\[" | tail -1 | sed "s/^/$t$r: /"
+        done
+      done 2>&1 | tee "$OUT/llmgen_ab.log" ;;
     profile)
       for pdl in ${PROFILE_PDL:-1}; do
         HYBRID_SERVE_PDL=$pdl timeout 200 python3 benchmarks/moe_profile_bs1.py --top ${PROFILE_TOP:-20} 2>&1 | tee "$OUT/pdl_profile$pdl.log" | tail -$((${PROFILE_TOP:-20} + 10))

@@ -1,8 +1,9 @@
 """Bad (and odd but valid) input from the app's own OpenAPI spec: schemathesis generates
 >= 300 requests, positive and negative; none may get a 5xx, and the server stays healthy.
 
-Generated `max_tokens` / `n` are capped so that valid requests stay cheap on CPU (the
-huge-value paths are covered by test_http_errors.py)."""
+Generated `max_tokens` / `n` are capped, and a body without either token limit gets
+`max_tokens` 4, so that valid requests stay cheap on CPU (the huge-value and default paths are
+covered by test_http_errors.py and tests/deploy/test_protocol.py)."""
 import os
 from collections import Counter
 
@@ -24,6 +25,10 @@ def _cap(body) -> None:
             value = body.get(key)
             if type(value) is int and value > limit:
                 body[key] = limit
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            # the default (the rest of the context: ~250 tokens, 4-8 s on CPU a case) is covered by
+            # tests/deploy/test_protocol.py; here it only made a valid case slow
+            body["max_tokens"] = CAPS["max_tokens"]
 
 
 def _fuzz(op, mode, served, session, counts: Counter, server_errors: list[str]) -> None:

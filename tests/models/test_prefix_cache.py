@@ -105,13 +105,14 @@ def test_checkpoints_inside_one_step_are_written_by_the_kernels(family, kernels,
     of them); the tree then holds each of them, and a prompt sharing 100 tokens reuses 96
     with the tokens a cold run gives (every kind of state: conv windows, GDN, Mamba2). With
     kernels=triton the chunked Triton kernels write them (the interpreter on CPU: a 40-token
-    prompt, checkpoints at 16 and 32)."""
+    prompt, checkpoints at 16 and 32, a 40-token second prompt, 2 tokens each)."""
     if kernels == "triton":
         pytest.importorskip("triton")
     monkeypatch.setenv(KERNELS_ENV, kernels)
-    length, shared, params = 150, 100, TURN_PARAMS
+    length, shared, new_tokens, params = 150, 100, 30, TURN_PARAMS
     if kernels == "triton":
-        length, shared, params = 40, 34, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        length, shared, new_tokens = 40, 34, 6
+        params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     model_dir, ref = reference_models(family)
     device = "cuda" if kernels == "triton" and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
     kwargs = dict(model=model_dir, dtype="float32", page_size=PAGE, state_checkpoint_interval=INTERVAL,
@@ -126,7 +127,7 @@ def test_checkpoints_inside_one_step_are_written_by_the_kernels(family, kernels,
     first = next(p for p in plans if p.extend_lens)
     assert first.extend_lens == [length]
     assert [offset for _, offset, _ in first.checkpoints] == list(range(16, length, 16))
-    other = prompt[:shared] + torch.randint(0, ref.config.vocab_size, (30,), generator=gen).tolist()
+    other = prompt[:shared] + torch.randint(0, ref.config.vocab_size, (new_tokens,), generator=gen).tolist()
     hit = llm.generate([other], params)[0]
     assert hit.num_cached_tokens == shared // INTERVAL * INTERVAL
     cold = LLM(enable_prefix_caching=False, **kwargs).generate([other], params)[0]
