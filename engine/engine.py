@@ -76,6 +76,12 @@ class LLMEngine(SpeculativeSteps):
         layout = self.shard.pool_layout()
         self.pool_setup: PoolSetup = plan_pools(layout, self.shard.cache_budget(),
                                                 config.pool_options(self.shard.model_max_len))
+        short = self.pool_setup.resume_slots_short()
+        if short:
+            logger.warning("%d state slots for %d request rows (%d short of a running slot and a resume checkpoint "
+                           "a row): with every row busy the prefix cache evicts the checkpoints later turns resume "
+                           "from, and they recompute their history; raise cache_memory_bytes or state_pool_fraction",
+                           self.pool_setup.num_state_slots, self.pool_setup.num_req_rows, short)
         if channel is not None:
             channel.send(self.pool_setup)
         self.shard.build_pools(self.pool_setup)

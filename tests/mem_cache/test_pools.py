@@ -334,3 +334,25 @@ def test_engine_serves_up_to_a_max_model_len_that_is_no_page_multiple():
     assert llm.engine.shard.runner.req_table.max_context == 112
     out = llm.generate([[5] * 90], SamplingParams(max_tokens=10, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 10
+
+
+def test_too_few_state_slots_for_resume_points_are_counted_and_warned(caplog):
+    """Every running row needs its slot and a resume checkpoint (+1 for a shared prefix) for a
+    multi-turn workload to keep its hits under full concurrency: short of that the engine
+    warns at start, naming the numbers; without checkpoints nothing is short."""
+    from hybrid_serve import LLM
+    from hybrid_serve.mem_cache.sizing import PoolSetup
+
+    setup = dict(num_kv_pages=64, num_req_rows=8, max_model_len=256, page_size=16)
+    assert PoolSetup(num_state_slots=14, checkpoints_per_request=3, **setup).resume_slots_short() == 3
+    assert PoolSetup(num_state_slots=17, checkpoints_per_request=3, **setup).resume_slots_short() == 0
+    assert PoolSetup(num_state_slots=2, checkpoints_per_request=0, **setup).resume_slots_short() == 0
+    with caplog.at_level("WARNING", logger="hybrid_serve.engine.engine"):
+        llm = LLM(max_model_len=128, max_num_seqs=8, cache_memory_bytes=8 * 1024**2)  # the default split
+    short = llm.engine.pool_setup.resume_slots_short()
+    assert short > 0
+    assert f"{llm.engine.pool_setup.num_state_slots} state slots for 8 request rows ({short} short" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybrid_serve.engine.engine"):
+        llm = LLM(max_model_len=128, max_num_seqs=8, cache_memory_bytes=8 * 1024**2, enable_prefix_caching=False)
+    assert llm.engine.pool_setup.resume_slots_short() == 0 and "state slots for" not in caplog.text
