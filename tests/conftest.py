@@ -5,7 +5,8 @@ import torch
 
 if not torch.cuda.is_available():  # kernels read it when first imported: set it before any test module
     os.environ.setdefault("TRITON_INTERPRET", "1")
-torch.set_num_threads(2)
+# one thread per pytest-xdist worker (the README runs two on CI's two cores), two otherwise
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -26,3 +27,22 @@ def reference_models(tmp_path_factory):
         return cache[family]
 
     return get
+
+
+# Test files whose tests start, join or need no Ray in the pytest process itself (not in a child
+# process): under xdist they share one group, so they run on one worker in collection order, as
+# in a serial run (the e2e app's session-scoped Ray stays up once started, and comes last).
+IN_PROCESS_RAY = ("actors/", "cluster/", "deploy/test_ray_connect.py")
+APP_FIXTURES = {"served", "client"}  # tests/e2e/conftest.py: the session's Serve app
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Groups for `pytest -n N --dist loadgroup` (the README's command): each test file runs
+    on one worker (its module fixtures built once); the tests that use Ray in the pytest
+    process (IN_PROCESS_RAY, and the e2e app's) share one group."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        path = os.path.relpath(str(item.path), root)
+        in_process_ray = path.startswith(IN_PROCESS_RAY) or APP_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("in-process-ray" if in_process_ray else path))

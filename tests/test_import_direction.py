@@ -124,3 +124,12 @@ def test_kernels_load_nothing_else_of_ours():
 def test_the_ingress_side_loads_no_torch(statement):
     loaded = _loaded_after(statement)
     assert "torch" not in loaded and "triton" not in loaded
+
+
+def test_the_engine_side_loads_no_dynamo():
+    """A Ray shard, an engine process and the CLI import the engine, actors and deploy rooms
+    at start; torch._dynamo (loaded by torch.nn.attention.bias, for one) adds ~1.8 s to each
+    process's start-up, so it stays out until a code path needs it."""
+    loaded = _loaded_after("import hybrid_serve.actors.shard_worker, hybrid_serve.engine.engine, "
+                           "hybrid_serve.engine.core_process, hybrid_serve.deploy.app, hybrid_serve.cli")
+    assert "torch" in loaded and "torch._dynamo" not in loaded

@@ -20,6 +20,7 @@ from ...device_io import copy_to_device, to_device
 from ...distributed import broadcast_from_rank0
 from ...kernels.attention import warm_up_paged_attention
 from ...kernels.attention.cudnn_extend import warm_up_cudnn_extend
+from ...kernels.attention.sdpa_extend import warm_up_sdpa_extend
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
 from ...models.layers.attention import PagedAttention
@@ -135,6 +136,7 @@ class ModelRunner:
         for num_q_heads in tqdm(sorted({m.num_heads for m in attn}), desc="Warm-up (attention variants)", unit="layout"):
             warm_up_paged_attention(num_q_heads, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0],
                                     self.req_table.req_to_token)
+        warm_up_sdpa_extend()  # prompt rows over a cached prefix build torch's lower-right causal mask
         # long prompt rows on cuDNN (kernels/attention/cudnn_extend.py): every padded shape's plan
         shapes = {(m.num_heads, m.num_kv_heads, m.head_dim, self.kv_pool.v_buffers[m.attn_layer_id].shape[-1], m.scale)
                   for m in attn}

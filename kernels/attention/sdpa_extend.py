@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.bias import causal_lower_right
 
 from .cudnn_extend import attend_row_split, cudnn_usable, split_row
 
@@ -53,9 +52,23 @@ def extend_attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_c
             keys, values = torch.cat([cached_k, keys]), torch.cat([cached_v, values])
         qb = q[lo:hi].transpose(0, 1)[None]  # [1, Hq, L, D]
         kb, vb = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]  # [1, Hkv, S, D]
-        mask = causal_lower_right(hi - lo, keys.shape[0]) if prefix else None
+        mask = _causal_lower_right()(hi - lo, keys.shape[0]) if prefix else None
         with sdpa_kernel(SDPA_BACKENDS, set_priority=True):
             ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=not prefix, scale=scale,
                                                 enable_gqa=True)
         out[lo:hi] = ob[0].transpose(0, 1)
     return out
+
+
+def _causal_lower_right():
+    """torch's bottom-right-aligned causal mask, imported on first use: its module imports
+    torch._dynamo (~1.8 s of every process's start-up: each Ray shard, engine process, CLI)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    return causal_lower_right
+
+
+def warm_up_sdpa_extend() -> None:
+    """Import the mask builder now (the engine's CUDA warm-up), not in the first request whose
+    prompt extends a cached prefix."""
+    _causal_lower_right()

@@ -4,6 +4,7 @@ The venv sees this interpreter's site-packages for the heavy dependencies (torch
 hybrid_serve itself must come from the wheel (checked), so a module missing from the wheel
 fails here."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 from e2e_helpers import serve_cli_round_trip
 
+ACCESS_LINE = re.compile(r" -- (GET|POST) /\S* \d{3} ")  # Serve's: "... -- POST /v1/completions 200 68.6ms"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -57,5 +59,9 @@ def test_wheel_generate(venv):
 
 @pytest.mark.slow
 def test_wheel_serve(venv, tmp_path):
+    """The installed `hybrid-serve serve` with Serve's default proxy: the round trip, SIGINT,
+    and no access log lines (Serve's, one per request per hop) unless --enable-log-requests."""
     env_dir, tmp = venv
-    serve_cli_round_trip([str(env_dir / "bin" / "hybrid-serve"), "serve"], tmp_path / "serve.log", cwd=str(tmp))
+    log = tmp_path / "serve.log"
+    serve_cli_round_trip([str(env_dir / "bin" / "hybrid-serve"), "serve"], log, cwd=str(tmp))
+    assert not ACCESS_LINE.search(log.read_text()), "access log lines by default"

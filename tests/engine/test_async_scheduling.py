@@ -48,9 +48,20 @@ def _run(model_dir: str, overlap: bool, **kwargs):
     outs = llm.generate(prompts, params)
     engine.cache.check_empty()
     result = [(c.token_ids, c.finish_reason, c.stop_reason,
-               [{t: round(lp.logprob, 5) for t, lp in step.items()} for step in (c.logprobs or [])])
+               [{t: lp.logprob for t, lp in step.items()} for step in (c.logprobs or [])])
               for o in outs for c in o.outputs]
     return result, sum(pending_inputs), engine, [o.num_cached_tokens for o in outs]
+
+
+def _assert_same_outputs(got: list, want: list) -> None:
+    """Tokens, finish and stop reasons and the logprobs' token ids exactly; the logprob values
+    to 1e-4: a request admitted a step later under overlap shares its steps with other rows,
+    and fp32 matmuls of another batch shape round differently (seen: -3.312705 vs -3.312695)."""
+    assert [r[:3] for r in got] == [r[:3] for r in want]
+    for g, w in zip(got, want):
+        assert [list(step) for step in g[3]] == [list(step) for step in w[3]], (g, w)
+        for gs, ws in zip(g[3], w[3]):
+            assert gs == pytest.approx(ws, abs=1e-4, rel=0), (g, w)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -61,7 +72,7 @@ def test_overlap_matches_synchronous_engine(model_dir, kwargs):
     sync, sync_pending, _, sync_hits = _run(model_dir, False, **kwargs)
     overlapped, pending, engine, hits = _run(model_dir, True, **kwargs)
     assert sync_pending == 0 and pending > 0  # the overlapped engine did take inputs from the device
-    assert overlapped == sync
+    _assert_same_outputs(overlapped, sync)
     assert any(finish == "stop" for _, finish, *_ in sync)  # content stops happened
     if "num_kv_pages_override" in kwargs:
         assert engine.scheduler.num_preemptions > 0
