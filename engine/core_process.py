@@ -250,9 +250,9 @@ def child_main(fd: int) -> int:
     step_log = _open_step_log()
 
     def emit(report: StepReport) -> None:
-        conn.send(("report", report.to_wire()))
-        if step_log is not None:
+        if step_log is not None:  # before the send: once a stream has its tokens, their line is in the log
             _log_pass(step_log, report)
+        conn.send(("report", report.to_wire()))
 
     code = 0
     try:
