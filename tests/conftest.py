@@ -29,9 +29,10 @@ def reference_models(tmp_path_factory):
     return get
 
 
-# Test files whose tests start, join or need no Ray in the pytest process itself (not in a child
-# process): under xdist they share one group, so they run on one worker in collection order, as
-# in a serial run (the e2e app's session-scoped Ray stays up once started, and comes last).
+# Test files whose tests start or join Ray in the pytest process itself (not in a child process),
+# or check that none is running there: under xdist they share one group, so they run on one
+# worker in collection order, as in a serial run (the e2e app's session-scoped Ray stays up once
+# started, and comes last).
 IN_PROCESS_RAY = ("actors/", "cluster/", "deploy/test_ray_connect.py")
 APP_FIXTURES = {"served", "client"}  # tests/e2e/conftest.py: the session's Serve app
 
