@@ -159,7 +159,7 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
 
 
 async def _user(client, url: str, user: int, prompts: list[list[int]], rng: random.Random, out: list,
-                max_tokens: int = 4) -> None:
+                max_tokens: int = 4, think_s: tuple[float, float] = (0.2, 1.0)) -> None:
     await asyncio.sleep(rng.uniform(0, 2.0))  # arrivals spread over 2 s
     for turn, prompt in enumerate(prompts):
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
@@ -181,14 +181,17 @@ async def _user(client, url: str, user: int, prompts: list[list[int]], rng: rand
         cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         out.append({"user": user, "turn": turn, "start_s": start, "status": 200, "ttft_s": ttft, "prompt_tokens": len(prompt),
                     "cached_tokens": cached})
-        await asyncio.sleep(rng.uniform(0.2, 1.0))  # think time
+        if turn + 1 < len(prompts):
+            await asyncio.sleep(rng.uniform(*think_s))  # think time: reading the reply, typing the next turn
 
 
-async def _drive(url: str, conversations, seed: int, max_tokens: int = 4) -> list[dict]:
+async def _drive(url: str, conversations, seed: int, max_tokens: int = 4,
+                 think_s: tuple[float, float] = (0.2, 1.0)) -> list[dict]:
     out: list[dict] = []
     rng = random.Random(seed)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(conversations) + 8)) as client:
-        await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out, max_tokens)
+        await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out, max_tokens,
+                                     think_s)
                                for u, c in enumerate(conversations)))
     return out
 
@@ -342,7 +345,8 @@ def run_serve(args) -> dict:
                 reasons_before, replicas_before = _decision_reasons(metrics), _replica_sums(metrics)
                 started = time.perf_counter()
                 killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
-                results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed, args.max_tokens))
+                results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed, args.max_tokens,
+                                             tuple(args.think_s)))
                 wall = time.perf_counter() - started
                 time.sleep(2.0)  # the ingress's metrics push
                 metrics = _metrics_text(base)
@@ -396,7 +400,7 @@ def run_serve(args) -> dict:
         "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared "
                     f"{args.system_tokens}-token system prompt, {args.user_tokens}-token user turns + "
                     f"{args.reply_tokens}-token stand-in replies, arrivals over 2 s, think time "
-                    f"0.2-1.0 s, max_tokens {args.max_tokens}, greedy; {args.replicas} replicas x "
+                    f"{args.think_s[0]}-{args.think_s[1]} s, max_tokens {args.max_tokens}, greedy; {args.replicas} replicas x "
                     f"{cache_bytes >> 20} MiB cache (single_replica: one with {args.replicas}x), seeds {args.seeds}",
         "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "
                     "defaults, on the token ids), one replica with the total cache: same run, same seed",

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# router_bench.py serve on the device machine's CPU cores, GPU unused (issue 14): each replica a
+# core of its own, so a request's TTFT is its replica's work, not the machine's. Ray comes from
+# the bundle (../shared/tools/device-ray-bundle; carry .devcache, and .whl for Ray's router).
+# Each "NAME ARGS..." runs `router_bench serve ARGS` after the ones before it and writes
+# $OUT/NAME.json (each stopped after RUN_TIMEOUT seconds, 540: its per-run lines still print).
+# Usage (device machine, repo root):
+#   bash benchmarks/device_router_cpu16.sh "u16t8 --users 16 --turns 8 --think-s 3 6 --routers prefix round_robin" ...
+set -uo pipefail
+OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=""
+[ -d /tmp/raysite ] || tar -xJf .devcache/raysite.tar.xz -C /tmp || { echo "no Ray bundle (.devcache)"; exit 1; }
+# Ray's PrefixCacheAffinityRouter (the ray_prefix_affinity baseline) lives in ray/llm, which the
+# bundle drops, and needs orjson, which the GPU machine lacks. Here, once:
+#   (cd "$(python3 -c 'import ray, os; print(os.path.dirname(ray.__file__))')" && mkdir -p "$OLDPWD/.devcache/rayllm" \
+#     && tar --exclude=__pycache__ -cJf "$OLDPWD/.devcache/rayllm/llm.tar.xz" llm)   # the bundle's Ray version
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux2014_x86_64 -d .whl orjson                               # and carry .whl
+[ -f .devcache/rayllm/llm.tar.xz ] && tar -xJf .devcache/rayllm/llm.tar.xz -C /tmp/raysite/ray
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=/tmp/raysite:${PYTHONPATH:-}
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
+echo "cores: $(nproc)"
+# The 30M model of the demo's layout (fp32 dummy weights, one thread a replica), 4 replicas, the
+# 1,024-token system prompt; each run adds its own workload and routers.
+COMMON=(--model qwen3_5_30m_cpu --dtype float32 --max-model-len 4096 --ray-cpus "$(nproc)"
+        --system-tokens 1024)
+for spec in "$@"; do
+  read -r name rest <<< "$spec"
+  echo "[$(date +%T)] $name: $rest"
+  # shellcheck disable=SC2086 # (the spec's arguments split on purpose)
+  timeout -s INT "${RUN_TIMEOUT:-540}" python3 -m hybrid_serve.benchmarks.router_bench serve "${COMMON[@]}" $rest --out-name "$(realpath "$OUT")/$name.json" \
+    > "$OUT/$name.log" 2>&1; echo "[$(date +%T)] $name: exit $?"
+  grep -aE "^(prefix|round_robin|serve_default|ray_prefix_affinity|single_replica)" "$OUT/$name.log" | cut -c1-260
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k.startswith('router_')})" \
+    "$OUT/$name.json" 2>/dev/null
+done
