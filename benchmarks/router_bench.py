@@ -198,6 +198,10 @@ def main() -> int:
                     help="serve: our router writes its decisions down; rows get where the hit tokens went")
     ap.add_argument("--system-tokens", type=int, default=1024, help="serve: the shared system prompt's tokens")
     ap.add_argument("--max-tokens", type=int, default=4, help="serve: output tokens of each turn")
+    ap.add_argument("--generate-replies", action="store_true",
+                    help="serve: each turn generates its --reply-tokens reply (greedy, EOS ignored) and the next "
+                         "turn sends it back, as a chat client does (needs --model NAME: ids read from the synthetic "
+                         "tokenizer); default: stand-in replies, max_tokens --max-tokens")
     ap.add_argument("--think-s", type=float, nargs=2, default=[0.2, 1.0], metavar=("LOW", "HIGH"),
                     help="serve: a user's think time between a reply and the next turn, uniform in [LOW, HIGH] s")
     ap.add_argument("--model", default="demo",

@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import random
+import re
 import socket
 import statistics
 import time
@@ -159,12 +160,19 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
 
 
 async def _user(client, url: str, user: int, prompts: list[list[int]], rng: random.Random, out: list,
-                max_tokens: int = 4, think_s: tuple[float, float] = (0.2, 1.0)) -> None:
+                max_tokens: int = 4, think_s: tuple[float, float] = (0.2, 1.0), reply_tokens: int = 0) -> None:
+    """One user's turns. `reply_tokens` > 0: each turn generates its reply (that many tokens,
+    EOS ignored), and the next turn sends it back in place of the workload's stand-in (the
+    prompts keep their lengths; ids are read from the synthetic tokenizer's "w<id>" words)."""
     await asyncio.sleep(rng.uniform(0, 2.0))  # arrivals spread over 2 s
+    history: list[int] = []
     for turn, prompt in enumerate(prompts):
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
-        start, ttft, usage = time.perf_counter(), None, None
+        if reply_tokens:
+            user_turn = prompt[len(prompts[turn - 1]) + reply_tokens:] if turn else prompt
+            prompt = history + user_turn
+        body = {"prompt": prompt, "max_tokens": reply_tokens or max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}, **({"ignore_eos": True} if reply_tokens else {})}
+        start, ttft, usage, text = time.perf_counter(), None, None, []
         async with client.post(url, json=body, timeout=aiohttp.ClientTimeout(total=300)) as resp:
             if resp.status != 200:
                 out.append({"user": user, "turn": turn, "start_s": start, "status": resp.status, "ttft_s": None,
@@ -176,9 +184,17 @@ async def _user(client, url: str, user: int, prompts: list[list[int]], rng: rand
                     continue
                 if ttft is None and '"text"' in line:
                     ttft = time.perf_counter() - start
+                if reply_tokens and '"text"' in line:
+                    text += [c.get("text", "") for c in json.loads(line[6:]).get("choices", [])]
                 if '"usage"' in line and '"prompt_tokens"' in line:
                     usage = json.loads(line[6:]).get("usage") or usage
         cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        if reply_tokens:
+            reply = [int(w) for w in re.findall(r"w(\d+)", "".join(text))]
+            if len(reply) != reply_tokens:
+                raise RuntimeError(f"user {user} turn {turn}: {len(reply)} reply ids read back, not {reply_tokens} "
+                                   f"(generated replies need the synthetic tokenizer: --model NAME)")
+            history = prompt + reply
         out.append({"user": user, "turn": turn, "start_s": start, "status": 200, "ttft_s": ttft, "prompt_tokens": len(prompt),
                     "cached_tokens": cached})
         if turn + 1 < len(prompts):
@@ -186,12 +202,12 @@ async def _user(client, url: str, user: int, prompts: list[list[int]], rng: rand
 
 
 async def _drive(url: str, conversations, seed: int, max_tokens: int = 4,
-                 think_s: tuple[float, float] = (0.2, 1.0)) -> list[dict]:
+                 think_s: tuple[float, float] = (0.2, 1.0), reply_tokens: int = 0) -> list[dict]:
     out: list[dict] = []
     rng = random.Random(seed)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=len(conversations) + 8)) as client:
         await asyncio.gather(*(_user(client, url, u, c, random.Random(rng.random()), out, max_tokens,
-                                     think_s)
+                                     think_s, reply_tokens)
                                for u, c in enumerate(conversations)))
     return out
 
@@ -316,6 +332,9 @@ def run_serve(args) -> dict:
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cache_bytes = args.cache_mib * 1024**2
     model = model_args(args)
+    replies = args.reply_tokens if args.generate_replies else 0
+    if replies and args.model == "demo":
+        raise ValueError("--generate-replies reads reply ids from the synthetic tokenizer: give --model NAME")
     rows, skipped = {}, {}
     try:
         for seed in args.seeds:
@@ -346,7 +365,7 @@ def run_serve(args) -> dict:
                 started = time.perf_counter()
                 killer = _kill_router_later(name, args.kill_router_after_s) if router.startswith("prefix") else None
                 results = asyncio.run(_drive(f"{base}/v1/completions", conversations, seed, args.max_tokens,
-                                             tuple(args.think_s)))
+                                             tuple(args.think_s), replies))
                 wall = time.perf_counter() - started
                 time.sleep(2.0)  # the ingress's metrics push
                 metrics = _metrics_text(base)
@@ -370,11 +389,11 @@ def run_serve(args) -> dict:
                 decision = _decision_time(metrics)
                 if decision:
                     row["decision_mean_ms"] = decision
-                row["hits_vs_best_case"] = hit_accounting(results, conversations, args.system_tokens)
+                row["hits_vs_best_case"] = hit_accounting(results, conversations, args.system_tokens, replies)
                 if reasons:
                     row["decision_reasons"] = reasons
                 if trace_path and os.path.exists(trace_path):
-                    row["affinity"] = affinity(trace_path, results, conversations, args.system_tokens)
+                    row["affinity"] = affinity(trace_path, results, conversations, args.system_tokens, replies)
                 if killer:
                     row["router_actor_killed"] = _recovery(results, started, killer)
                 rows.setdefault(router, []).append({"seed": seed, **row})
@@ -399,7 +418,8 @@ def run_serve(args) -> dict:
                   + f", engine args {json.dumps(model['engine_args'])}"),
         "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared "
                     f"{args.system_tokens}-token system prompt, {args.user_tokens}-token user turns + "
-                    f"{args.reply_tokens}-token stand-in replies, arrivals over 2 s, think time "
+                    f"{args.reply_tokens}-token {'generated (sent back)' if replies else 'stand-in'} replies, "
+                    f"arrivals over 2 s, think time "
                     f"{args.think_s[0]}-{args.think_s[1]} s, max_tokens {args.max_tokens}, greedy; {args.replicas} replicas x "
                     f"{cache_bytes >> 20} MiB cache (single_replica: one with {args.replicas}x), seeds {args.seeds}",
         "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "

@@ -12,7 +12,9 @@ tokens went (what `router_hit_tokens_vs_single_replica` misses, turn by turn).
 A turn's best case: its conversation's previous prompt up to the last page boundary before
 that prompt's last token (the prompt-end checkpoint the engine keeps; the reply that followed
 is the bench's stand-in, not the model's output, so nothing past it is reusable), and the
-system prompt for a first turn.
+system prompt for a first turn. With generated replies (`reply_tokens`: the model's own reply
+is sent back), the previous prompt and the reply up to the last page boundary its generation
+fed (the engine's reply checkpoint).
 """
 from __future__ import annotations
 
@@ -64,18 +66,21 @@ class TracedHybridRequestRouter(HybridRequestRouter):
                                          "len": len(ids), "replica": replica_id.unique_id}) + "\n")
 
 
-def best_case_tokens(prompts: list[list[int]], turn: int, page_size: int = 16, system_tokens: int = KEY_AT) -> int:
+def best_case_tokens(prompts: list[list[int]], turn: int, page_size: int = 16, system_tokens: int = KEY_AT,
+                     reply_tokens: int = 0) -> int:
     if turn == 0:
         return system_tokens // page_size * page_size
-    return (len(prompts[turn - 1]) - 1) // page_size * page_size
+    return (len(prompts[turn - 1]) + reply_tokens - 1) // page_size * page_size
 
 
-def hit_accounting(results: list[dict], conversations, system_tokens: int = KEY_AT) -> dict:
-    """Hit tokens against the best case, first turns and later turns apart."""
+def hit_accounting(results: list[dict], conversations, system_tokens: int = KEY_AT, reply_tokens: int = 0) -> dict:
+    """Hit tokens against the best case, first turns and later turns apart (`reply_tokens`:
+    generated replies of that length, sent back)."""
     out = {}
     for label, turns in (("first_turns", lambda t: t == 0), ("later_turns", lambda t: t > 0)):
         rows = [r for r in results if r["status"] == 200 and turns(r["turn"])]
-        bests = [best_case_tokens(conversations[r["user"]], r["turn"], system_tokens=system_tokens) for r in rows]
+        bests = [best_case_tokens(conversations[r["user"]], r["turn"], system_tokens=system_tokens,
+                                  reply_tokens=reply_tokens) for r in rows]
         hit = sum(r["cached_tokens"] for r in rows)
         out[label] = {"requests": len(rows), "best_case_tokens": sum(bests), "hit_tokens": hit,
                       "lost_tokens": sum(bests) - hit,
@@ -83,7 +88,8 @@ def hit_accounting(results: list[dict], conversations, system_tokens: int = KEY_
     return out
 
 
-def affinity(trace_path: str, results: list[dict], conversations, system_tokens: int = KEY_AT) -> dict:
+def affinity(trace_path: str, results: list[dict], conversations, system_tokens: int = KEY_AT,
+             reply_tokens: int = 0) -> dict:
     """For each later turn of the traced run: stayed on its previous turn's replica, or moved
     (by the decision's reason, and whether the previous replica was predicted to hold more);
     hit tokens lost against the best case in each group; for moved turns, what the load
@@ -121,7 +127,7 @@ def affinity(trace_path: str, results: list[dict], conversations, system_tokens:
                      f"{'previous predicted more' if prev_saved > chosen_saved else 'previous not predicted more'}"
                      f"{'' if d is None or d['chosen'] == replica else ':Serve sent it past the choice'}")
         c = groups.setdefault(group, Counter())
-        best = best_case_tokens(conversations[u], t, system_tokens=system_tokens)
+        best = best_case_tokens(conversations[u], t, system_tokens=system_tokens, reply_tokens=reply_tokens)
         c["requests"] += 1
         c["lost_tokens"] += best - hits[(u, t)]
         if replica != prev and d is not None:  # what the load reports said of the two replicas

@@ -48,6 +48,11 @@ class EngineConfig:
     num_state_slots_override: int | None = None
     enable_prefix_caching: bool = True  # radix prefix cache with state checkpoints
     state_checkpoint_interval: int = 256  # tokens between state checkpoints (a multiple of page_size)
+    # Keep each decoding request's state at the latest page boundary of its reply (one more
+    # state slot a request, copied every page_size tokens; admission takes it back before it
+    # would wait) and cache it with the reply's KV when the request ends: a next turn that sends
+    # the reply back resumes after it instead of recomputing it from the prompt's end.
+    reply_checkpoints: bool = True
     check_integrity: bool = True  # assert pool integrity when the engine goes idle
     # Hold new prompts back while every running request decodes, as TGI's max_waiting_tokens /
     # waiting_served_ratio do: an eager step with prompt tokens has a fixed host cost (~25 ms

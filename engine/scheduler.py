@@ -99,6 +99,14 @@ class Scheduler:
         end = start + chunk.num_tokens
         taken = self.cache.schedule_checkpoints(req.alloc, self._checkpoint_positions(req, start, end), end)
         chunk.checkpoints += [(position - start, slot) for position, slot in taken if position < end]
+        if self.config.reply_checkpoints and chunk.num_tokens == 1 and start >= req.prompt_len \
+                and end % self.page_size == 0:
+            # a reply's page boundary: keep the state there for the request's release (a next
+            # turn resumes after the reply), unless a checkpoint as deep was just taken
+            if any(position == end for position, _ in taken):
+                self.cache.drop_resume(req.alloc)
+            else:
+                self.cache.snapshot_for_resume(req.alloc, end)
 
     # ----- the step ----------------------------------------------------------------------
     def decode_candidates(self) -> list[Request]:
@@ -219,7 +227,7 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request) -> None:
-        self.cache.release(req.alloc)
+        self.cache.release(req.alloc, req.token_ids)  # (its reply snapshot: where it resumes)
         req.alloc = None
         req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
@@ -241,7 +249,7 @@ class Scheduler:
     def finish(self, request: Request) -> None:
         """Release a finished (or aborted) request's holdings and drop it from the queues."""
         if request.alloc is not None:
-            self.cache.release(request.alloc)
+            self.cache.release(request.alloc, request.token_ids)
             request.alloc = None
         if request in self.running:
             self.running.remove(request)

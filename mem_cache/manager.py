@@ -11,6 +11,10 @@ A request's holdings (`RequestAlloc`)::
     pending_checkpoints : (position, state slot) snapshots this step takes, in position order
                           (slot None in a model without state layers: the KV alone is cached)
                   (inside the step's tokens the kernels write them; at its end a post-op copy)
+    resume      : (position, state slot) the state at the latest page boundary its reply reached
+                  (`snapshot_for_resume`, a post-op copy after that decode step, into the same
+                  slot each time); donated to the tree with the KV before it on release, so a
+                  next turn that sends the reply back resumes after it, not at the prompt's end
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ class RequestAlloc:
     num_tree_pages: int = 0
     pending_checkpoints: list[tuple[int, int | None]] = field(default_factory=list)
     skipped_checkpoints: list[int] = field(default_factory=list)  # positions that got no slot this step
+    resume: tuple[int, int | None] | None = None  # (position, state slot): see the module's docstring
 
     @property
     def has_step_checkpoints(self) -> bool:
@@ -89,18 +94,35 @@ class CacheManager:
             self._free_tree_items(*self.tree.evict_kv(count - self.pages.num_free))
         return self.pages.alloc(count) if self.pages.num_free >= count else None
 
-    def _alloc_state_slot(self, keep: RadixNode | None = None, dominated_only: bool = False) -> int | None:
+    def _alloc_state_slot(self, keep: RadixNode | None = None, dominated_only: bool = False,
+                          take_resume: bool = False) -> int | None:
         """A free state slot, evicting the least recently used checkpoint when none is free
         (`RadixCache.evict_state`: unlocked ones first, then those on running requests' paths,
         never `keep`'s; with `dominated_only`, only a checkpoint a deeper one on its chain
-        makes redundant); None when the tree holds no such checkpoint. (Evicting KV leaves
-        would free no slot then: it would only empty the cache and stall admission.)"""
+        makes redundant); with `take_resume` (admission), then a running request's reply
+        snapshot; None when there is no such slot. (Evicting KV leaves would free no slot
+        then: it would only empty the cache and stall admission.)"""
         if self.state_slots.num_free == 0:
             slots = self.tree.evict_state(1, keep=keep, dominated_only=dominated_only)
-            if not slots:
+            if slots:
+                self._free_tree_items([], slots)
+            elif take_resume and self._take_resume_slot():
+                pass
+            else:
                 return None
-            self._free_tree_items([], slots)
         return self.state_slots.alloc()[0]
+
+    def _take_resume_slot(self) -> bool:
+        """The slot of the running request whose reply snapshot is shallowest (it saves the
+        least), dropping the snapshot: a reply snapshot never keeps a request from starting.
+        Only admission takes one: it runs before the step's checkpoints and snapshots are
+        scheduled, so no copy into the slot is pending in the step being planned (the
+        earlier steps' copies are queued before the new owner's reset or copy)."""
+        held = [a for a in self._allocs.values() if a.resume is not None and a.resume[1] is not None]
+        if not held:
+            return False
+        self.drop_resume(min(held, key=lambda a: a.resume[0]))
+        return True
 
     # ----- request lifecycle -----------------------------------------------------------
     def admit(self, token_ids: list[int], num_prompt_tokens: int) -> RequestAlloc | None:
@@ -113,7 +135,8 @@ class CacheManager:
         if self.enable_prefix_cache:
             match = self.tree.match(token_ids, num_prompt_tokens - 1)
             self.tree.lock(match.node)  # protect the match from the evictions below
-        state_slot = self._alloc_state_slot(keep=match.node if match is not None else None)  # its checkpoint too
+        state_slot = self._alloc_state_slot(keep=match.node if match is not None else None,  # its checkpoint too
+                                            take_resume=True)
         if state_slot is None:
             if match is not None:
                 self.tree.unlock(match.node)
@@ -221,6 +244,31 @@ class CacheManager:
         alloc.pending_checkpoints.append((position, slot))
         return slot
 
+    def snapshot_for_resume(self, alloc: RequestAlloc, position: int) -> bool:
+        """After this step (a decode step that brings the request to `position`, a page
+        boundary past its prompt) copy its state into its resume slot: the slot it already
+        has, else a free one or a dominated checkpoint's (never evicting a live checkpoint:
+        admission takes the slot back first). `release` donates the latest snapshot. False
+        when nothing was taken."""
+        if not self.enable_prefix_cache or position % self.page_size:
+            return False
+        if not self.needs_state:  # attention only: the KV alone is reusable
+            alloc.resume = (position, None)
+            return True
+        slot = alloc.resume[1] if alloc.resume is not None else self._alloc_state_slot(dominated_only=True)
+        if slot is None:
+            return False
+        self.post_ops.copy(alloc.state_slot, slot)
+        alloc.resume = (position, slot)
+        return True
+
+    def drop_resume(self, alloc: RequestAlloc) -> None:
+        """Forget the request's reply snapshot (a checkpoint as deep was taken): free its slot."""
+        if alloc.resume is not None:
+            if alloc.resume[1] is not None:
+                self.state_slots.free([alloc.resume[1]])
+            alloc.resume = None
+
     def schedule_checkpoints(self, alloc: RequestAlloc, positions: list[int], end: int) -> list[tuple[int, int]]:
         """A step's checkpoints of one request (positions inside its chunk and at its end
         `end`): the deepest goes first and may evict another checkpoint (it is where a next
@@ -262,9 +310,21 @@ class CacheManager:
         self.tree.unlock(alloc.lock_node)
         alloc.lock_node = result.node
 
-    def release(self, alloc: RequestAlloc) -> None:
-        if self._allocs.pop(alloc.req_row, None) is not alloc:
+    def release(self, alloc: RequestAlloc, token_ids: list[int] | None = None) -> None:
+        """Free what the request holds. `token_ids`: its tokens known on the host (prompt and
+        outputs read back); its reply snapshot is donated to the tree with the KV before it
+        when those tokens reach the snapshot's position and the tree does not hold as much of
+        the request already (an abort with a token still on the device has no tokens there)."""
+        if self._allocs.get(alloc.req_row) is not alloc:
             raise ValueError(f"request row {alloc.req_row} is not held")
+        if alloc.resume is not None:
+            position, slot = alloc.resume
+            if token_ids is not None and alloc.num_tree_pages * self.page_size < position <= len(token_ids):
+                alloc.resume = None
+                self._commit_checkpoint(alloc, token_ids, position, slot)
+            else:
+                self.drop_resume(alloc)
+        del self._allocs[alloc.req_row]
         self.state_slots.free([slot for _, slot in alloc.pending_checkpoints if slot is not None])
         self.tree.unlock(alloc.lock_node)
         self.pages.free(alloc.pages[alloc.num_tree_pages:])
@@ -298,7 +358,8 @@ class CacheManager:
         requests), not O(pool): what the engine asserts each time it goes idle)."""
         allocs = list(self._allocs.values())
         own_pages = sum(len(a.pages) - a.num_tree_pages for a in allocs)
-        own_slots = sum(1 + sum(slot is not None for _, slot in a.pending_checkpoints) for a in allocs)
+        own_slots = sum(1 + sum(slot is not None for _, slot in a.pending_checkpoints)
+                        + (a.resume is not None and a.resume[1] is not None) for a in allocs)
         assert self.pages.num_used == self.tree.num_pages + own_pages, \
             f"KV pages used {self.pages.num_used} != held {self.tree.num_pages} (tree) + {own_pages} (requests)"
         assert self.state_slots.num_used == self.tree.num_state_slots + own_slots, \
@@ -310,6 +371,7 @@ class CacheManager:
         self.tree.check_integrity()
         self.pages.check_integrity(self.tree.held_pages() + [p for a in allocs for p in a.pages[a.num_tree_pages:]])
         pending = [slot for a in allocs for _, slot in a.pending_checkpoints if slot is not None]
+        pending += [a.resume[1] for a in allocs if a.resume is not None and a.resume[1] is not None]
         self.state_slots.check_integrity(self.tree.held_state_slots() + [a.state_slot for a in allocs] + pending)
         self.rows.check_integrity([a.req_row for a in allocs])
         assert self.tree.root.lock_ref == 1 + len(allocs), "radix locks do not match the running requests"
