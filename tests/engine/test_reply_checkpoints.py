@@ -121,3 +121,24 @@ def test_abort_and_preemption_leave_consistent_pools(model_dir, overlap):
     assert tight.engine.scheduler.num_preemptions > 0
     assert got == want
     tight.engine.cache.check_empty()
+
+
+def test_with_speculative_decoding(model_dir):
+    """Verify steps (synthetic drafts of random lengths, 0 included, partly accepted) move a
+    reply past page boundaries by several tokens at once; the snapshot is taken only on a
+    plain decode row, so it may lag, never lie: next turns give the tokens of a run without
+    cache or speculation."""
+    firsts = [_tokens(30 + 11 * i, 90 + i) for i in range(5)]
+    base = dict(dtype="float32", max_num_seqs=3)
+    off = LLM(model=model_dir, enable_prefix_caching=False, **base)
+    replies = [o.outputs[0].token_ids for o in off.generate(firsts, REPLY)]
+    seconds = [p + r + _tokens(9, 120 + i) for i, (p, r) in enumerate(zip(firsts, replies))]
+    want = [o.outputs[0].token_ids for o in off.generate(seconds, REPLY)]
+    spec = dict(method="synthetic", num_speculative_tokens=4, adaptive=False, vary_length=True, seed=3,
+                acceptance_rate=0.6, continuations={tuple(p): w for p, w in zip(firsts + seconds, replies + want)})
+    llm = LLM(model=model_dir, speculative_config=spec, **base)
+    assert [o.outputs[0].token_ids for o in llm.generate(firsts, REPLY)] == replies
+    outs = llm.generate(seconds, REPLY)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert any(o.num_cached_tokens > (len(p) - 1) // PAGE * PAGE for p, o in zip(firsts, outs))
+    llm.engine.cache.check_empty()
