@@ -244,12 +244,14 @@ class CacheManager:
         alloc.pending_checkpoints.append((position, slot))
         return slot
 
-    def snapshot_for_resume(self, alloc: RequestAlloc, position: int) -> bool:
-        """After this step (a decode step that brings the request to `position`, a page
-        boundary past its prompt) copy its state into its resume slot: the slot it already
-        has, else a free one or a dominated checkpoint's (never evicting a live checkpoint:
-        admission takes the slot back first). `release` donates the latest snapshot. False
-        when nothing was taken."""
+    def snapshot_for_resume(self, alloc: RequestAlloc, position: int, src_state_slot: int | None = None) -> bool:
+        """Keep the request's state at `position` (a page boundary its reply reached) in its
+        resume slot: the slot it already has, else a free one or a dominated checkpoint's
+        (never evicting a live checkpoint: admission takes the slot back first). Without
+        `src_state_slot`, `position` is this step's last token and the request's slot is
+        copied after the forward; with it (a verify step's scratch row, or the request's slot
+        after its commit), that slot is copied before the next forward. `release` donates the
+        latest snapshot. False when nothing was taken."""
         if not self.enable_prefix_cache or position % self.page_size:
             return False
         if not self.needs_state:  # attention only: the KV alone is reusable
@@ -258,7 +260,10 @@ class CacheManager:
         slot = alloc.resume[1] if alloc.resume is not None else self._alloc_state_slot(dominated_only=True)
         if slot is None:
             return False
-        self.post_ops.copy(alloc.state_slot, slot)
+        if src_state_slot is None:
+            self.post_ops.copy(alloc.state_slot, slot)
+        else:
+            self.pre_ops.copy(src_state_slot, slot)
         alloc.resume = (position, slot)
         return True
 

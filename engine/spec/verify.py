@@ -61,7 +61,8 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
     commit_slots, commit_steps = [-1] * num_scratch, [-1] * num_scratch
     kept_tokens, checkpoint_masks = [0] * num_scratch, [0] * num_scratch
     has_scratch = setup.scratch_rows > 0
-    outputs, cursor, checkpoints = [], 0, []
+    outputs, cursor, checkpoints, snapshots = [], 0, [], []
+    page_size = engine.config.page_size
     for req, drafts, v in zip(rows.requests, rows.drafts, rows.scratch_rows):
         first, cursor = cursor, cursor + len(drafts) + 1
         if req.finished:  # aborted, or ended by the step before: its row is skipped
@@ -101,12 +102,22 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
                 else:
                     taken.append((q, req.alloc.state_slot))
             checkpoints.append((req, taken))
+            q = end // page_size * page_size  # the reply's latest page boundary (reply checkpoints)
+            if engine.config.reply_checkpoints and q > start and not any(p == q for p, _ in taken):
+                step = q - start - 1
+                if has_scratch and step < len(drafts):
+                    snapshots.append((req, q, setup.scratch_slot(v, step)))
+                    checkpoint_masks[v] |= 1 << step
+                else:
+                    snapshots.append((req, q, req.alloc.state_slot))
     if any(slot > 0 for slot in commit_slots):
         cache.commit_verified(state_slots=commit_slots, accepted_steps=commit_steps, kept_tokens=kept_tokens,
                               checkpoint_masks=checkpoint_masks)
     for req, taken in checkpoints:  # copied after the commit: it may write their states (see above)
         for q, src in taken:
             cache.checkpoint_from(req.alloc, q, src)
+    for req, q, src in snapshots:  # (after the commit too)
+        cache.snapshot_for_resume(req.alloc, q, src)
         if req.alloc.has_step_checkpoints:
             cache.commit_checkpoints(req.alloc, req.token_ids)
     return outputs

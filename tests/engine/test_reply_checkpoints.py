@@ -125,8 +125,8 @@ def test_abort_and_preemption_leave_consistent_pools(model_dir, overlap):
 
 def test_with_speculative_decoding(model_dir):
     """Verify steps (synthetic drafts of random lengths, 0 included, partly accepted) move a
-    reply past page boundaries by several tokens at once; the snapshot is taken only on a
-    plain decode row, so it may lag, never lie: next turns give the tokens of a run without
+    reply past page boundaries by several tokens at once: the snapshot comes from the step's
+    scratch at the boundary, after acceptance. Next turns give the tokens of a run without
     cache or speculation."""
     firsts = [_tokens(30 + 11 * i, 90 + i) for i in range(5)]
     base = dict(dtype="float32", max_num_seqs=3)
@@ -140,5 +140,6 @@ def test_with_speculative_decoding(model_dir):
     assert [o.outputs[0].token_ids for o in llm.generate(firsts, REPLY)] == replies
     outs = llm.generate(seconds, REPLY)
     assert [o.outputs[0].token_ids for o in outs] == want
-    assert any(o.num_cached_tokens > (len(p) - 1) // PAGE * PAGE for p, o in zip(firsts, outs))
+    # the snapshot follows accepted drafts too (from the step's scratch): most resume after the reply
+    assert sum(o.num_cached_tokens == (len(p) + 40 - 1) // PAGE * PAGE for p, o in zip(firsts, outs)) >= 4
     llm.engine.cache.check_empty()
