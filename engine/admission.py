@@ -32,7 +32,9 @@ class LoadView:
     num_free_state_slots: int  # free now (prefix-cache checkpoints could be evicted for more)
     num_free_kv_pages: int  # free now (cached prefixes could be evicted for more)
     max_num_seqs: int
-    num_checkpoint_state_slots: int = 0  # held by prefix-cache checkpoints (an admission evicts one if it must)
+    # held by prefix-cache checkpoints and running requests' reply snapshots (an admission
+    # evicts or takes one if it must)
+    num_checkpoint_state_slots: int = 0
     # prompt tokens the running sequences still have to compute (chunked prefills in progress:
     # a replica prefilling long prompts is busy although nothing waits)
     num_running_prefill_tokens: int = 0

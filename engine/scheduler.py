@@ -74,7 +74,7 @@ class Scheduler:
                         num_waiting_tokens=sum(r.num_tokens_to_compute for r in self.waiting),
                         num_free_req_rows=cache.rows.num_free, num_free_state_slots=cache.state_slots.num_free,
                         num_free_kv_pages=cache.pages.num_free, max_num_seqs=self.admission.max_num_seqs,
-                        num_checkpoint_state_slots=cache.tree.num_state_slots,
+                        num_checkpoint_state_slots=cache.tree.num_state_slots + cache.num_resume_state_slots,
                         num_running_prefill_tokens=sum(r.prompt_len - r.num_computed_tokens for r in self.running
                                                        if r.num_computed_tokens < r.prompt_len))
 

@@ -267,6 +267,11 @@ class CacheManager:
         alloc.resume = (position, slot)
         return True
 
+    @property
+    def num_resume_state_slots(self) -> int:
+        """Slots held by running requests' reply snapshots (admission takes them back)."""
+        return sum(a.resume is not None and a.resume[1] is not None for a in self._allocs.values())
+
     def drop_resume(self, alloc: RequestAlloc) -> None:
         """Forget the request's reply snapshot (a checkpoint as deep was taken): free its slot."""
         if alloc.resume is not None:

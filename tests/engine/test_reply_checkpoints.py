@@ -88,6 +88,7 @@ def test_admission_takes_the_snapshot_slots_back(model_dir):
     for _ in range(12):
         step()
     assert engine.cache.state_slots.num_free == 0  # three requests, three snapshots
+    assert engine.load_view().num_checkpoint_state_slots == 3  # obtainable: what the replica reports
     seq_ids += engine.add_request("r3", prompts[3], REPLY)
     step()
     assert len(engine.scheduler.running) == 4  # admitted at once
