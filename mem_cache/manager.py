@@ -12,9 +12,10 @@ A request's holdings (`RequestAlloc`)::
                           (slot None in a model without state layers: the KV alone is cached)
                   (inside the step's tokens the kernels write them; at its end a post-op copy)
     resume      : (position, state slot) the state at the latest page boundary its reply reached
-                  (`snapshot_for_resume`, a post-op copy after that decode step, into the same
-                  slot each time); donated to the tree with the KV before it on release, so a
-                  next turn that sends the reply back resumes after it, not at the prompt's end
+                  (`snapshot_for_resume`: a post-op copy after that decode step, or after a verify
+                  step a copy from its scratch; into the same slot each time); donated to the tree
+                  with the KV before it on release, so a next turn that sends the reply back
+                  resumes after it, not at the prompt's end
 """
 from __future__ import annotations
 
