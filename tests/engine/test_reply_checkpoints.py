@@ -144,3 +144,22 @@ def test_with_speculative_decoding(model_dir):
     # the snapshot follows accepted drafts too (from the step's scratch): most resume after the reply
     assert sum(o.num_cached_tokens == (len(p) + 40 - 1) // PAGE * PAGE for p, o in zip(firsts, outs)) >= 4
     llm.engine.cache.check_empty()
+
+
+def test_chat_turns_resume_after_the_reply():
+    """Through the chat template (the demo model and its tokenizer): the next turn's messages
+    render the reply back to the same ids, and the turn resumes at the reply's last page
+    boundary, not at the first prompt's."""
+    from hybrid_serve.demo import DEMO_DIR
+
+    llm = LLM(model=DEMO_DIR, dtype="float32")
+    params = SamplingParams(max_tokens=80, temperature=0.0)
+    first = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fibonacci(n):"}]
+    out1 = llm.chat(first, params)
+    reply = out1.outputs[0]
+    out2 = llm.chat(first + [{"role": "assistant", "content": reply.text},
+                             {"role": "user", "content": "Now add a docstring."}], params)
+    sent = out1.prompt_token_ids + list(reply.token_ids)
+    assert out2.prompt_token_ids[:len(sent)] == sent
+    assert out2.num_cached_tokens == (len(sent) - 1) // PAGE * PAGE > (len(out1.prompt_token_ids) - 1) // PAGE * PAGE
+    llm.engine.cache.check_empty()
