@@ -116,8 +116,8 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
     for req, taken in checkpoints:  # copied after the commit: it may write their states (see above)
         for q, src in taken:
             cache.checkpoint_from(req.alloc, q, src)
-    for req, q, src in snapshots:  # (after the commit too)
-        cache.snapshot_for_resume(req.alloc, q, src)
         if req.alloc.has_step_checkpoints:
             cache.commit_checkpoints(req.alloc, req.token_ids)
+    for req, q, src in snapshots:  # (after the commit too)
+        cache.snapshot_for_resume(req.alloc, q, src)
     return outputs

@@ -163,3 +163,23 @@ def test_chat_turns_resume_after_the_reply():
     assert out2.prompt_token_ids[:len(sent)] == sent
     assert out2.num_cached_tokens == (len(sent) - 1) // PAGE * PAGE > (len(out1.prompt_token_ids) - 1) // PAGE * PAGE
     llm.engine.cache.check_empty()
+
+
+def test_speculative_interval_checkpoints_land_with_the_step(model_dir):
+    """Without reply checkpoints, interval checkpoints every page (state_checkpoint_interval
+    16) taken from verify steps' scratch go into the tree with their step, the last ones
+    included: next turns resume at the reply's last page boundary as well."""
+    firsts = [_tokens(30 + 11 * i, 90 + i) for i in range(5)]
+    base = dict(dtype="float32", max_num_seqs=3, state_checkpoint_interval=PAGE, reply_checkpoints=False)
+    off = LLM(model=model_dir, enable_prefix_caching=False, **base)
+    replies = [o.outputs[0].token_ids for o in off.generate(firsts, REPLY)]
+    seconds = [p + r + _tokens(9, 120 + i) for i, (p, r) in enumerate(zip(firsts, replies))]
+    want = [o.outputs[0].token_ids for o in off.generate(seconds, REPLY)]
+    spec = dict(method="synthetic", num_speculative_tokens=4, adaptive=False, vary_length=True, seed=3,
+                acceptance_rate=0.6, continuations={tuple(p): w for p, w in zip(firsts + seconds, replies + want)})
+    llm = LLM(model=model_dir, speculative_config=spec, **base)
+    llm.generate(firsts, REPLY)
+    outs = llm.generate(seconds, REPLY)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    assert [o.num_cached_tokens for o in outs] == [(len(p) + 40 - 1) // PAGE * PAGE for p in firsts]
+    llm.engine.cache.check_empty()
