@@ -38,7 +38,8 @@ def multi_turn(users: int = 32, turns: int = 5, seed: int = 0, system_tokens: in
                output_tokens: int = 16, vocab: tuple[int, int] = (10, 250)) -> list[list[list[int]]]:
     """users x turns prompts (token ids): one shared system prompt, each turn the history + a
     new user message (the assistant's reply stands in as `output_tokens` fixed ids: the demo
-    model's own output would make the history depend on the router)."""
+    model's own output would make the history depend on the router; `serve --generate-replies`
+    puts the generated replies in their place, lengths unchanged)."""
     rng = random.Random(seed)
     system = [rng.randrange(*vocab) for _ in range(system_tokens)]
     out = []

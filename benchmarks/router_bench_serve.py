@@ -327,14 +327,15 @@ def run_serve(args) -> dict:
     import ray
     from ray import serve
 
+    replies = args.reply_tokens if args.generate_replies else 0
+    if replies and args.model == "demo":
+        raise ValueError("--generate-replies reads reply ids from the synthetic tokenizer: give --model NAME")
+
     ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cache_bytes = args.cache_mib * 1024**2
     model = model_args(args)
-    replies = args.reply_tokens if args.generate_replies else 0
-    if replies and args.model == "demo":
-        raise ValueError("--generate-replies reads reply ids from the synthetic tokenizer: give --model NAME")
     rows, skipped = {}, {}
     try:
         for seed in args.seeds:
