@@ -183,3 +183,27 @@ def test_speculative_interval_checkpoints_land_with_the_step(model_dir):
     assert [o.outputs[0].token_ids for o in outs] == want
     assert [o.num_cached_tokens for o in outs] == [(len(p) + 40 - 1) // PAGE * PAGE for p in firsts]
     llm.engine.cache.check_empty()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_many_conversations_under_cache_pressure(model_dir, overlap):
+    """Twelve conversations x three turns, replies ending on content, through one engine
+    whose pools hold a few of them (KV and checkpoints evicted while snapshots are taken and
+    cached): every turn gives the tokens of a run without cache, some turns hit, and the pools
+    are consistent after each turn."""
+    rng = torch.Generator().manual_seed(7)
+    stop = SamplingParams(max_tokens=48, temperature=0.0, stop_token_ids=list(range(0, 256, 11)), min_tokens=8)
+    args = dict(dtype="float32", max_num_seqs=5, max_model_len=256, async_scheduling=overlap)
+    llm = LLM(model=model_dir, num_kv_pages_override=30, num_state_slots_override=12, **args)
+    off = LLM(model=model_dir, enable_prefix_caching=False, **args)
+    histories = [torch.randint(0, 256, (int(torch.randint(5, 40, (1,), generator=rng)),), generator=rng).tolist()
+                 for _ in range(12)]
+    hits = 0
+    for turn in range(3):
+        outs = llm.generate(histories, stop)
+        assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in off.generate(histories, stop)]
+        llm.engine.cache.check_empty()
+        hits += sum(o.num_cached_tokens for o in outs)
+        histories = [h + o.outputs[0].token_ids + torch.randint(0, 256, (6,), generator=rng).tolist()
+                     for h, o in zip(histories, outs)]
+    assert llm.engine.cache.stats.evicted_checkpoints > 0 and hits > 0
