@@ -68,6 +68,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="radix prefix cache with state checkpoints "
                         f"(default: {'on' if _engine_default('enable_prefix_caching') else 'off'})")
+    p.add_argument("--reply-checkpoints", action=argparse.BooleanOptionalAction, default=None,
+                   help="cache each finished reply up to its last page boundary, state included, so that a "
+                        "chat's next turn resumes after the reply (one more state slot a decoding request) "
+                        f"(default: {'on' if _engine_default('reply_checkpoints') else 'off'})")
     p.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: every step runs eagerly (default: graphs for decode steps on CUDA)")
     p.add_argument("--speculative-config", type=_json_object, default=None, metavar="JSON",
@@ -94,7 +98,8 @@ def engine_overrides(args: argparse.Namespace) -> dict:
     out = {"max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs,
            "max_num_batched_tokens": args.max_num_batched_tokens,
            "gpu_memory_utilization": args.gpu_memory_utilization,
-           "enable_prefix_caching": args.enable_prefix_caching, "speculative_config": args.speculative_config}
+           "enable_prefix_caching": args.enable_prefix_caching, "reply_checkpoints": args.reply_checkpoints,
+           "speculative_config": args.speculative_config}
     out = {k: v for k, v in out.items() if v is not None}
     if args.enforce_eager:
         out["enable_cuda_graphs"] = False
