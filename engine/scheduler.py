@@ -100,13 +100,10 @@ class Scheduler:
         taken = self.cache.schedule_checkpoints(req.alloc, self._checkpoint_positions(req, start, end), end)
         chunk.checkpoints += [(position - start, slot) for position, slot in taken if position < end]
         if self.config.reply_checkpoints and chunk.num_tokens == 1 and start >= req.prompt_len \
-                and end % self.page_size == 0:
-            # a reply's page boundary: keep the state there for the request's release (a next
-            # turn resumes after the reply), unless a checkpoint as deep was just taken
-            if any(position == end for position, _ in taken):
-                self.cache.drop_resume(req.alloc)
-            else:
-                self.cache.snapshot_for_resume(req.alloc, end)
+                and end % self.page_size == 0 and not any(position == end for position, _ in taken):
+            # a reply's page boundary (no checkpoint there already): keep the state there for
+            # the request's release, so that a next turn resumes after the reply
+            self.cache.snapshot_for_resume(req.alloc, end)
 
     # ----- the step ----------------------------------------------------------------------
     def decode_candidates(self) -> list[Request]:

@@ -107,9 +107,7 @@ class CacheManager:
             slots = self.tree.evict_state(1, keep=keep, dominated_only=dominated_only)
             if slots:
                 self._free_tree_items([], slots)
-            elif take_resume and self._take_resume_slot():
-                pass
-            else:
+            elif not (take_resume and self._take_resume_slot()):
                 return None
         return self.state_slots.alloc()[0]
 
@@ -274,7 +272,7 @@ class CacheManager:
         return sum(a.resume is not None and a.resume[1] is not None for a in self._allocs.values())
 
     def drop_resume(self, alloc: RequestAlloc) -> None:
-        """Forget the request's reply snapshot (a checkpoint as deep was taken): free its slot."""
+        """Forget the request's reply snapshot and free its slot."""
         if alloc.resume is not None:
             if alloc.resume[1] is not None:
                 self.state_slots.free([alloc.resume[1]])

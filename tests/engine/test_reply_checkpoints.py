@@ -124,13 +124,13 @@ def test_abort_and_preemption_leave_consistent_pools(model_dir, overlap):
     tight.engine.cache.check_empty()
 
 
-def test_with_speculative_decoding(model_dir):
-    """Verify steps (synthetic drafts of random lengths, 0 included, partly accepted) move a
-    reply past page boundaries by several tokens at once: the snapshot comes from the step's
-    scratch at the boundary, after acceptance. Next turns give the tokens of a run without
-    cache or speculation."""
+def _speculative_two_turns(model_dir, **engine_args):
+    """Five first turns, then each one's next turn (it + its reply + 9 new tokens), through an
+    engine verifying synthetic drafts (random lengths, 0 included, 60% accepted). Returns the
+    first turns, the first-turn replies and next-turn outputs of that engine, and the next
+    turns' tokens from a run without cache or speculation."""
     firsts = [_tokens(30 + 11 * i, 90 + i) for i in range(5)]
-    base = dict(dtype="float32", max_num_seqs=3)
+    base = dict(dtype="float32", max_num_seqs=3, **engine_args)
     off = LLM(model=model_dir, enable_prefix_caching=False, **base)
     replies = [o.outputs[0].token_ids for o in off.generate(firsts, REPLY)]
     seconds = [p + r + _tokens(9, 120 + i) for i, (p, r) in enumerate(zip(firsts, replies))]
@@ -138,12 +138,20 @@ def test_with_speculative_decoding(model_dir):
     spec = dict(method="synthetic", num_speculative_tokens=4, adaptive=False, vary_length=True, seed=3,
                 acceptance_rate=0.6, continuations={tuple(p): w for p, w in zip(firsts + seconds, replies + want)})
     llm = LLM(model=model_dir, speculative_config=spec, **base)
-    assert [o.outputs[0].token_ids for o in llm.generate(firsts, REPLY)] == replies
+    got_replies = [o.outputs[0].token_ids for o in llm.generate(firsts, REPLY)]
+    assert got_replies == replies
     outs = llm.generate(seconds, REPLY)
     assert [o.outputs[0].token_ids for o in outs] == want
-    # the snapshot follows accepted drafts too (from the step's scratch): most resume after the reply
-    assert sum(o.num_cached_tokens == (len(p) + 40 - 1) // PAGE * PAGE for p, o in zip(firsts, outs)) >= 4
     llm.engine.cache.check_empty()
+    return firsts, outs
+
+
+def test_with_speculative_decoding(model_dir):
+    """Verify steps move a reply past page boundaries by several tokens at once: the snapshot
+    comes from the step's scratch at the boundary, after acceptance. Next turns give the
+    tokens of a run without cache or speculation, and most resume after their reply."""
+    firsts, outs = _speculative_two_turns(model_dir)
+    assert sum(o.num_cached_tokens == (len(p) + 40 - 1) // PAGE * PAGE for p, o in zip(firsts, outs)) >= 4
 
 
 def test_chat_turns_resume_after_the_reply():
@@ -169,20 +177,8 @@ def test_speculative_interval_checkpoints_land_with_the_step(model_dir):
     """Without reply checkpoints, interval checkpoints every page (state_checkpoint_interval
     16) taken from verify steps' scratch go into the tree with their step, the last ones
     included: next turns resume at the reply's last page boundary as well."""
-    firsts = [_tokens(30 + 11 * i, 90 + i) for i in range(5)]
-    base = dict(dtype="float32", max_num_seqs=3, state_checkpoint_interval=PAGE, reply_checkpoints=False)
-    off = LLM(model=model_dir, enable_prefix_caching=False, **base)
-    replies = [o.outputs[0].token_ids for o in off.generate(firsts, REPLY)]
-    seconds = [p + r + _tokens(9, 120 + i) for i, (p, r) in enumerate(zip(firsts, replies))]
-    want = [o.outputs[0].token_ids for o in off.generate(seconds, REPLY)]
-    spec = dict(method="synthetic", num_speculative_tokens=4, adaptive=False, vary_length=True, seed=3,
-                acceptance_rate=0.6, continuations={tuple(p): w for p, w in zip(firsts + seconds, replies + want)})
-    llm = LLM(model=model_dir, speculative_config=spec, **base)
-    llm.generate(firsts, REPLY)
-    outs = llm.generate(seconds, REPLY)
-    assert [o.outputs[0].token_ids for o in outs] == want
+    firsts, outs = _speculative_two_turns(model_dir, state_checkpoint_interval=PAGE, reply_checkpoints=False)
     assert [o.num_cached_tokens for o in outs] == [(len(p) + 40 - 1) // PAGE * PAGE for p in firsts]
-    llm.engine.cache.check_empty()
 
 
 @pytest.mark.parametrize("overlap", [False, True])
