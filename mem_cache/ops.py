@@ -1,6 +1,7 @@
 """Cache operations: what the host bookkeeping (`CacheManager`) asks every shard to do to
 its device tables and pools. Applied in issue order, so a slot freed and re-used within one
-step sees its old contents copied out before it is reset.
+step sees its old contents copied out before it is reset (consecutive state copies that touch
+no slot another of them writes go out together: `StatePool.copy_many`).
 
     ("row", req_row, state_slot)          row -> state-slot map (state_slot 0 clears it)
     ("kv", req_row, start_pos, kv_slots)  req_to_token[req_row, start_pos:...] = kv_slots
@@ -69,8 +70,24 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
     keep their order (a step with both kinds has its page writes expanded to slot writes on
     the host, in order; the cache manager issues page writes only)."""
     kv_writes, page_writes = [], []
+    copies: list[tuple[int, int]] = []  # a run of state copies not applied yet (applied at once)
+
+    def flush_copies() -> None:
+        if copies and state_pool is not None:
+            state_pool.copy_many([src for src, _ in copies], [dst for _, dst in copies])
+        copies.clear()
+
     for op in ops.ops:
         kind = op[0]
+        if kind == "copy":
+            # in one launch with the copies before it, unless it reads or writes a slot one of
+            # them writes, or writes one they read: then those go first, as issued
+            if any(op[1] == dst or op[2] in (src, dst) for src, dst in copies):
+                flush_copies()
+            copies.append((op[1], op[2]))
+            continue
+        if kind in ("reset", "commit"):
+            flush_copies()
         if kind == "row":
             table.set_state_slot(op[1], op[2])
         elif kind == "kv":
@@ -80,15 +97,13 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
         elif kind == "reset":
             if state_pool is not None:
                 state_pool.reset(op[1])
-        elif kind == "copy":
-            if state_pool is not None:
-                state_pool.copy(op[1], op[2])
         elif kind == "commit":
             if state_pool is not None and op[1]:
                 state_pool.commit_verified(state_slots=op[1], accepted_steps=op[2], kept_tokens=op[3],
                                            checkpoint_masks=op[4], deferred=deferred_verify)
         else:
             raise ValueError(f"unknown cache op {op!r}")
+    flush_copies()
     if kv_writes and page_writes:  # never from the cache manager: keep the order, as slots
         kv_writes = [(row, start, slots) for row, start, slots in _in_issue_order(ops)]
         page_writes = []

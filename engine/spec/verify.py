@@ -61,8 +61,9 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
     commit_slots, commit_steps = [-1] * num_scratch, [-1] * num_scratch
     kept_tokens, checkpoint_masks = [0] * num_scratch, [0] * num_scratch
     has_scratch = setup.scratch_rows > 0
-    outputs, cursor, checkpoints, snapshots = [], 0, [], []
+    outputs, cursor, checkpoints, snapshots, finished = [], 0, [], [], []
     page_size = engine.config.page_size
+    reply_snapshots = engine.config.enable_prefix_caching and engine.config.reply_checkpoints
     for req, drafts, v in zip(rows.requests, rows.drafts, rows.scratch_rows):
         first, cursor = cursor, cursor + len(drafts) + 1
         if req.finished:  # aborted, or ended by the step before: its row is skipped
@@ -81,10 +82,25 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
         if real:
             engine.spec.record(req.request_id, real, min(accepted, real))
         outputs.append(req)
-        if req.finish_reason is not None:
-            engine._finish(req)
-            continue
         start = req.num_computed_tokens - 1  # position of the step's own token
+        if req.finish_reason is not None:
+            # its last reply page boundary may lie among the tokens this step fed (its own
+            # token and the drafts before the last output): snapshot it as below, the row's
+            # commit included (a deferred commit writes the scratch step), then release
+            q = (start + i + 1) // page_size * page_size
+            if reply_snapshots and drafts and q > start and (v is not None and has_scratch or not cache.needs_state):
+                step = q - start - 1
+                if v is not None:
+                    commit_slots[v], commit_steps[v] = req.alloc.state_slot, i if i < len(drafts) else -1
+                    kept_tokens[v] = i + 1
+                    if step < len(drafts):
+                        checkpoint_masks[v] |= 1 << step
+                snapshots.append((req, q, setup.scratch_slot(v, step) if v is not None and step < len(drafts)
+                                  else req.alloc.state_slot))
+                finished.append(req)
+            else:
+                engine._finish(req)
+            continue
         req.num_computed_tokens += accepted
         if v is not None and has_scratch:
             # all k accepted: the in-place state is right (scratch step k was never written)
@@ -120,4 +136,6 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
             cache.commit_checkpoints(req.alloc, req.token_ids)
     for req, q, src in snapshots:  # (after the commit too)
         cache.snapshot_for_resume(req.alloc, q, src)
+    for req in finished:  # released after their snapshot: `release` donates it
+        engine._finish(req)
     return outputs

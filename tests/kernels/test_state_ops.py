@@ -83,3 +83,26 @@ def test_state_ops_serving_shapes_gpu():
     copy_state_slots_ref(want, src, dst)
     copy_state_slots(pool, src, dst)
     assert torch.equal(pool, want)
+
+
+@gpu
+def test_state_pool_copy_many_equals_copies_one_by_one_gpu():
+    """StatePool.copy_many on the Triton path (one launch per state kind, scratch rows as
+    sources) equals torch's copies of each slot, conv windows, SSM states and layout tags."""
+    from hybrid_serve.mem_cache.state_pool import StatePool, StateSpec
+
+    spec = StateSpec(conv_dim=96, conv_width=3, ssm_shape=(4, 16, 32), conv_dtype=torch.bfloat16)
+    pools = [StatePool(12, 3, spec, "cuda", scratch_rows=2, scratch_steps=3) for _ in range(2)]
+    for pool in pools:
+        pool.conv_states.copy_(_rand(*pool.conv_states.shape, dtype=torch.bfloat16, seed=3, device="cuda"))
+        pool.ssm_states.copy_(_rand(*pool.ssm_states.shape, seed=4, device="cuda"))
+        pool.layout_tag.copy_(torch.arange(pool.layout_tag.numel(), device="cuda") % 2)
+    src, dst = [1, 2, 13, 18, 5], [6, 7, 8, 9, 10]  # 13 and 18: scratch rows
+    want, got = pools
+    for s, d in zip(src, dst):
+        want.conv_states[:, d] = want.conv_states[:, s]
+        want.ssm_states[:, d] = want.ssm_states[:, s]
+        want.layout_tag[d] = want.layout_tag[s]
+    got.copy_many(src, dst)
+    assert torch.equal(got.conv_states, want.conv_states) and torch.equal(got.ssm_states, want.ssm_states)
+    assert torch.equal(got.layout_tag, want.layout_tag)

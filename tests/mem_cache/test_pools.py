@@ -59,6 +59,39 @@ def test_cache_ops_apply_in_issue_order():
     assert int(table.row_state_slot[2]) == 1 and table.req_to_token[2, 4:6].tolist() == [40, 41]
 
 
+def test_runs_of_state_copies_go_together_and_equal_one_by_one(monkeypatch):
+    """Consecutive copies go to the pool in runs (`StatePool.copy_many`), split where a copy
+    reads or writes a slot an earlier one of the run writes, or writes one it reads: chains
+    (1 -> 2 -> 3), a slot copied out and then over (4 -> 5, 6 -> 4) and two copies to one slot
+    end as applied one by one."""
+    def filled():
+        pool = StatePool(8, 2, SPEC, "cpu")
+        for slot in range(1, 9):
+            pool.conv_states[:, slot] = float(slot)
+            pool.ssm_states[:, slot] = float(slot)
+            pool.layout_tag[slot] = slot % 2
+        return pool
+
+    pairs = [(1, 2), (2, 3), (4, 5), (6, 4), (7, 8), (1, 8), (3, 1)]
+    want = filled()
+    for src, dst in pairs:
+        want.copy(src, dst)
+    got, runs = filled(), []
+    real = StatePool.copy_many
+    monkeypatch.setattr(StatePool, "copy_many", lambda self, s, d: (runs.append(list(zip(s, d))), real(self, s, d)))
+    ops = CacheOps()
+    for src, dst in pairs:
+        ops.copy(src, dst)
+    apply_cache_ops(ops, RequestRowTable(2, 16, "cpu"), got)
+    assert runs == [[(1, 2)], [(2, 3), (4, 5)], [(6, 4), (7, 8)], [(1, 8)], [(3, 1)]]
+    assert torch.equal(got.conv_states, want.conv_states) and torch.equal(got.ssm_states, want.ssm_states)
+    assert torch.equal(got.layout_tag, want.layout_tag)
+    with pytest.raises(ValueError, match="distinct"):
+        got.copy_many([1, 2], [3, 3])
+    with pytest.raises(ValueError, match="out of range"):
+        got.copy_many([1], [9])
+
+
 def test_kv_writes_of_a_step_go_together_and_equal_one_by_one():
     """apply_cache_ops gathers a step's KV-table writes into one copy and one scatter; the
     table ends as with each write applied in turn (overlapping writes in a row: in order,
