@@ -250,7 +250,8 @@ class StatePool:
         distinct and none may be a src (the copies run in parallel). On the Triton path one
         launch per state kind (`copy_state_slots`) and one copy of the indices to the device:
         torch's own copy of a slot (strided over layers) ran at 0.8 TB/s and cost ~100 us of
-        host time a slot on an H200 (benchmarks/state_copy_bench.py)."""
+        host time a slot on an H200 (benchmarks/state_copy_bench.py). A single pair keeps torch's
+        copy: the kernel path's two launches and index copy took 230 us of host time a call."""
         if len(src_state_slots) != len(dst_state_slots):
             raise ValueError(f"{len(src_state_slots)} src slots for {len(dst_state_slots)} dst slots")
         pairs = [(src, dst) for src, dst in zip(src_state_slots, dst_state_slots) if src != dst]  # (no-ops)
@@ -263,7 +264,7 @@ class StatePool:
                              f"{src_state_slots}")
         if not src_state_slots:
             return
-        if not use_triton(self.conv_states):
+        if len(pairs) == 1 or not use_triton(self.conv_states):  # (one copy: torch's is cheaper on the host)
             for src, dst in zip(src_state_slots, dst_state_slots):
                 self.conv_states[:, dst] = self.conv_states[:, src]
                 if self.ssm_states is not None:
