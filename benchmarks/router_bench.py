@@ -216,6 +216,10 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=8, help="serve: the engines' max_num_seqs")
     ap.add_argument("--engine-args", default="{}", help="serve: JSON of further engine arguments")
     ap.add_argument("--ray-cpus", type=int, default=4, help="serve: CPUs of the local Ray")
+    ap.add_argument("--deploy-first", action="store_true",
+                    help="serve: start every router's app at once before the first is measured (each app "
+                         "starts in ~55 s on 16 cores: five routers then fit one 600-s device call); the "
+                         "apps not being measured sit idle")
     ap.add_argument("--kill-router-after-s", type=float, default=None,
                     help="serve: kill the Router actor (it restarts) this far into the prefix router's run")
     args = ap.parse_args()

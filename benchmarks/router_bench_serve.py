@@ -286,14 +286,20 @@ def run_serve(args) -> dict:
         for seed in args.seeds:
             conversations = multi_turn(args.users, args.turns, seed, system_tokens=args.system_tokens,
                                        user_tokens=args.user_tokens, output_tokens=args.reply_tokens)
+            apps = {}  # router -> (app, its name), each with fresh replicas for this seed
             for router in args.routers:
                 trace_path = f"/tmp/router_trace_{router}_seed{seed}_{os.getpid()}.jsonl" if args.trace else None
                 app = _app(router, args.replicas, cache_bytes, trace_path, model, args.system_tokens)
                 if app is None:
                     skipped[router] = "Ray's PrefixCacheAffinityRouter does not import here"
                     continue
-                name = f"rb-{router.replace('@', '-x').replace(':', '-')}"
-                serve.run(app, name=name, route_prefix=f"/{name}")
+                apps[router] = (app, f"rb-{router.replace('@', '-x').replace(':', '-')}", trace_path)
+            if args.deploy_first:  # every router's app starts at once, before any is measured
+                serve.run_many([serve.RunTarget(app, name=name, route_prefix=f"/{name}")
+                                for app, name, _ in apps.values()])
+            for router, (app, name, trace_path) in apps.items():
+                if not args.deploy_first:
+                    serve.run(app, name=name, route_prefix=f"/{name}")
                 base = f"http://127.0.0.1:{port}/{name}"
                 for _ in range(1200):
                     try:
@@ -361,7 +367,9 @@ def run_serve(args) -> dict:
         "setup": (f"local Ray Serve (num_cpus={args.ray_cpus}), model {args.model}"
                   + (" (11M params), 1 torch thread per replica" if args.model == "demo" else " (dummy weights)")
                   + (f", {args.gpus_per_replica} GPU per replica" if args.device != "cpu" else "")
-                  + f", engine args {json.dumps(model['engine_args'])}"),
+                  + f", engine args {json.dumps(model['engine_args'])}"
+                  + (", every router's app started before the first was measured (--deploy-first)"
+                     if args.deploy_first else "")),
         "workload": f"benchmarks/router_bench.py multi_turn: {args.users} users x {args.turns} turns, shared "
                     f"{args.system_tokens}-token system prompt, {args.user_tokens}-token user turns + "
                     f"{args.reply_tokens}-token {'generated (sent back)' if replies else 'stand-in'} replies, "
