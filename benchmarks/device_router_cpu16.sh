@@ -6,6 +6,10 @@
 # $OUT/NAME.json (each stopped after RUN_TIMEOUT seconds, 540: its per-run lines still print).
 # Usage (device machine, repo root):
 #   bash benchmarks/device_router_cpu16.sh "u16t8 --users 16 --turns 8 --think-s 3 6 --routers prefix round_robin" ...
+# All five routers in one 600-s call (--deploy-first starts their apps at once, ~55 s, not ~55 s each):
+#   RUN_TIMEOUT=545 bash benchmarks/device_router_cpu16.sh "u8t6_gen128_all --users 8 --turns 6 --user-tokens 256 \
+#     --reply-tokens 128 --generate-replies --think-s 3 6 --seeds 0 --deploy-first \
+#     --routers prefix round_robin serve_default ray_prefix_affinity single_replica"
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=""
