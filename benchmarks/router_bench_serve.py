@@ -286,7 +286,7 @@ def run_serve(args) -> dict:
         for seed in args.seeds:
             conversations = multi_turn(args.users, args.turns, seed, system_tokens=args.system_tokens,
                                        user_tokens=args.user_tokens, output_tokens=args.reply_tokens)
-            apps = {}  # router -> (app, its name), each with fresh replicas for this seed
+            apps = {}  # router -> (app, its name, its trace path), each with fresh replicas for this seed
             for router in args.routers:
                 trace_path = f"/tmp/router_trace_{router}_seed{seed}_{os.getpid()}.jsonl" if args.trace else None
                 app = _app(router, args.replicas, cache_bytes, trace_path, model, args.system_tokens)

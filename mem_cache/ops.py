@@ -71,20 +71,25 @@ def apply_cache_ops(ops: CacheOps, table: RequestRowTable, state_pool: StatePool
     the host, in order; the cache manager issues page writes only)."""
     kv_writes, page_writes = [], []
     copies: list[tuple[int, int]] = []  # a run of state copies not applied yet (applied at once)
+    read, written = set(), set()  # the run's src and dst state slots
 
     def flush_copies() -> None:
         if copies and state_pool is not None:
             state_pool.copy_many([src for src, _ in copies], [dst for _, dst in copies])
         copies.clear()
+        read.clear()
+        written.clear()
 
     for op in ops.ops:
         kind = op[0]
         if kind == "copy":
             # in one launch with the copies before it, unless it reads or writes a slot one of
             # them writes, or writes one they read: then those go first, as issued
-            if any(op[1] == dst or op[2] in (src, dst) for src, dst in copies):
+            if op[1] in written or op[2] in written or op[2] in read:
                 flush_copies()
             copies.append((op[1], op[2]))
+            read.add(op[1])
+            written.add(op[2])
             continue
         if kind in ("reset", "commit"):
             flush_copies()

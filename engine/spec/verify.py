@@ -64,6 +64,17 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
     outputs, cursor, checkpoints, snapshots, finished = [], 0, [], [], []
     page_size = engine.config.page_size
     reply_snapshots = engine.config.enable_prefix_caching and engine.config.reply_checkpoints
+
+    def state_after(req, drafts: list[int], v: int | None, start: int, q: int) -> int:
+        """The state slot that holds req's state after position q - 1, i.e. after the row's
+        token q - start - 1: that scratch step (marked, so that a deferred commit writes it),
+        or the request's own slot once the commit has run (after all the row's tokens)."""
+        step = q - start - 1
+        if has_scratch and step < len(drafts):
+            checkpoint_masks[v] |= 1 << step
+            return setup.scratch_slot(v, step)
+        return req.alloc.state_slot
+
     for req, drafts, v in zip(rows.requests, rows.drafts, rows.scratch_rows):
         first, cursor = cursor, cursor + len(drafts) + 1
         if req.finished:  # aborted, or ended by the step before: its row is skipped
@@ -83,49 +94,32 @@ def complete_verify(engine, rows: VerifyRows, tokens: list[int], logits: torch.T
             engine.spec.record(req.request_id, real, min(accepted, real))
         outputs.append(req)
         start = req.num_computed_tokens - 1  # position of the step's own token
-        if req.finish_reason is not None:
-            # its last reply page boundary may lie among the tokens this step fed (its own
-            # token and the drafts before the last output): snapshot it as below, the row's
-            # commit included (a deferred commit writes the scratch step), then release
-            q = (start + i + 1) // page_size * page_size
-            if reply_snapshots and drafts and q > start and (v is not None and has_scratch or not cache.needs_state):
-                step = q - start - 1
-                if v is not None:
-                    commit_slots[v], commit_steps[v] = req.alloc.state_slot, i if i < len(drafts) else -1
-                    kept_tokens[v] = i + 1
-                    if step < len(drafts):
-                        checkpoint_masks[v] |= 1 << step
-                snapshots.append((req, q, setup.scratch_slot(v, step) if v is not None and step < len(drafts)
-                                  else req.alloc.state_slot))
-                finished.append(req)
-            else:
-                engine._finish(req)
+        kept = i + 1  # row tokens that stand: its own and the accepted drafts (cut at a finish)
+        end = start + kept  # tokens computed now
+        reply_q = end // page_size * page_size  # the reply's latest page boundary (reply checkpoints)
+        snapshot = reply_snapshots and drafts and reply_q > start
+        done = req.finish_reason is not None
+        if done and not (snapshot and (has_scratch or not cache.needs_state)):
+            engine._finish(req)
             continue
-        req.num_computed_tokens += accepted
         if v is not None and has_scratch:
             # all k accepted: the in-place state is right (scratch step k was never written)
-            commit_slots[v], commit_steps[v] = req.alloc.state_slot, accepted if accepted < len(drafts) else -1
-            kept_tokens[v] = accepted + 1
+            commit_slots[v], commit_steps[v] = req.alloc.state_slot, i if i < len(drafts) else -1
+            kept_tokens[v] = kept
+        if done:
+            # its last reply page boundary lies among the tokens this step fed: snapshot it
+            # (after the row's commit: a deferred one writes the scratch step), then release
+            snapshots.append((req, reply_q, state_after(req, drafts, v, start, reply_q)))
+            finished.append(req)
+            continue
+        req.num_computed_tokens += accepted
         cache.trim_kv(req.alloc, req.num_computed_tokens + 1)
         if engine.config.enable_prefix_caching and drafts:
-            end = start + accepted + 1  # tokens computed now
-            taken = []
-            for q in range((start // interval + 1) * interval, end + 1, interval):
-                step = q - start - 1  # the state after position q-1 = after the row's token `step`
-                if has_scratch and step < len(drafts):
-                    taken.append((q, setup.scratch_slot(v, step)))
-                    checkpoint_masks[v] |= 1 << step
-                else:
-                    taken.append((q, req.alloc.state_slot))
+            taken = [(q, state_after(req, drafts, v, start, q))
+                     for q in range((start // interval + 1) * interval, end + 1, interval)]
             checkpoints.append((req, taken))
-            q = end // page_size * page_size  # the reply's latest page boundary (reply checkpoints)
-            if engine.config.reply_checkpoints and q > start and not any(p == q for p, _ in taken):
-                step = q - start - 1
-                if has_scratch and step < len(drafts):
-                    snapshots.append((req, q, setup.scratch_slot(v, step)))
-                    checkpoint_masks[v] |= 1 << step
-                else:
-                    snapshots.append((req, q, req.alloc.state_slot))
+            if snapshot and not any(p == reply_q for p, _ in taken):
+                snapshots.append((req, reply_q, state_after(req, drafts, v, start, reply_q)))
     if any(slot > 0 for slot in commit_slots):
         cache.commit_verified(state_slots=commit_slots, accepted_steps=commit_steps, kept_tokens=kept_tokens,
                               checkpoint_masks=checkpoint_masks)
