@@ -6,6 +6,10 @@
 # $OUT/NAME.json (each stopped after RUN_TIMEOUT seconds, 540: its per-run lines still print).
 # Usage (device machine, repo root):
 #   bash benchmarks/device_router_cpu16.sh "u16t8 --users 16 --turns 8 --think-s 3 6 --routers prefix round_robin" ...
+# Ray's router beside the others (its run is long: every request on one replica), two Ray clusters:
+#   PARALLEL=1 MERGE=u32t5_all RUN_TIMEOUT=560 bash benchmarks/device_router_cpu16.sh \
+#     "u32t5_a --users 32 --turns 5 ... --routers prefix round_robin serve_default single_replica" \
+#     "u32t5_b --users 32 --turns 5 ... --routers ray_prefix_affinity"
 # All five routers in one 600-s call (--deploy-first starts their apps at once, ~55 s, not ~55 s each):
 #   RUN_TIMEOUT=545 bash benchmarks/device_router_cpu16.sh "u8t6_gen128_all --users 8 --turns 6 --user-tokens 256 \
 #     --reply-tokens 128 --generate-replies --think-s 3 6 --seeds 0 --deploy-first \
@@ -32,13 +36,31 @@ echo "cores: $(nproc)"
 # 1,024-token system prompt; each run adds its own workload and routers.
 COMMON=(--model qwen3_5_30m_cpu --dtype float32 --max-model-len 4096 --ray-cpus "$(nproc)"
         --system-tokens 1024)
-for spec in "$@"; do
-  read -r name rest <<< "$spec"
+run_spec() {  # "NAME ARGS...": router_bench serve ARGS -> $OUT/NAME.json, its log $OUT/NAME.log
+  local name rest
+  read -r name rest <<< "$1"
   echo "[$(date +%T)] $name: $rest"
   # shellcheck disable=SC2086 # (the spec's arguments split on purpose)
   timeout -s INT "${RUN_TIMEOUT:-540}" python3 -m hybrid_serve.benchmarks.router_bench serve "${COMMON[@]}" $rest --out-name "$(realpath "$OUT")/$name.json" \
     > "$OUT/$name.log" 2>&1; echo "[$(date +%T)] $name: exit $?"
+}
+# PARALLEL=1: every spec at once, each in its own local Ray cluster (for a router whose run is long,
+# e.g. Ray's, which puts every request on one replica: measured beside the others, not after
+# them); MERGE=NAME then writes the specs' one result to $OUT/NAME.json (router_bench merge).
+names=()
+for spec in "$@"; do
+  read -r name _ <<< "$spec"; names+=("$name")
+  if [ -n "${PARALLEL:-}" ]; then run_spec "$spec" & sleep 5; else run_spec "$spec"; fi
+done
+wait
+for name in "${names[@]}"; do
   grep -aE "^(prefix|round_robin|serve_default|ray_prefix_affinity|single_replica)" "$OUT/$name.log" | cut -c1-260
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: v for k, v in d.items() if k.startswith('router_')})" \
     "$OUT/$name.json" 2>/dev/null
 done
+if [ -n "${MERGE:-}" ]; then
+  parts=(); for name in "${names[@]}"; do parts+=("$(realpath "$OUT")/$name.json"); done
+  python3 -m hybrid_serve.benchmarks.router_bench merge --parts "${parts[@]}" \
+    --out-name "$(realpath "$OUT")/$MERGE.json" && python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
+print('merged:', {k: v for k, v in d.items() if k.startswith('router_')})" "$OUT/$MERGE.json"
+fi

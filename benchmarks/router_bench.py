@@ -182,7 +182,9 @@ def _write(name: str, result: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("mode", choices=("micro", "serve"))
+    ap.add_argument("mode", choices=("micro", "serve", "merge"),
+                    help="merge: one result from serve results (--parts) that measured different routers at once")
+    ap.add_argument("--parts", nargs="+", default=[], help="merge: the serve results' JSON files")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--users", type=int, default=32)
@@ -244,6 +246,15 @@ def main() -> int:
                 max(r["hit_error_ignoring_checkpoints"]["p95_pages"] for r in rows),
             "router_load_max_over_min": max(r["uniform_load"]["max_over_min"] for r in rows),
             "rows": rows})
+        return 0
+    if args.mode == "merge":
+        from .router_bench_serve import merge_results
+
+        parts = []
+        for path in args.parts:
+            with open(path) as f:
+                parts.append(json.load(f))
+        _write(args.out_name or "router_multi_turn.json", merge_results(parts))
         return 0
     from .router_bench_serve import run_serve
 

@@ -4,8 +4,8 @@ users that drive it over HTTP: router_bench_users.py.
 
 Routers: "prefix" (ours, AppConfig router: prefix), "serve_default" (Serve's power of two
 choices), "round_robin" (below), "ray_prefix_affinity" (Ray's PrefixCacheAffinityRouter on
-the token ids, with its defaults), "single_replica" (one replica with the cache of all of
-them, Serve's default router: the hit-token reference).
+the token ids, with its defaults), "single_replica" (one replica with the cache and the threads
+of all of them, Serve's default router: the hit-token reference).
 
 Ray's router: `ray.serve.llm.request_router.PrefixCacheAffinityRouter` is an empty subclass
 (`pass`) of `ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.
@@ -125,7 +125,10 @@ def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, m
     unshared = router == "prefix_unshared"
     router = "prefix" if unshared else router
     single = router == "single_replica"
-    args = {"replicas": 1 if single else replicas, "num_cpus_per_replica": 0.5, "torch_num_threads": 1,
+    # The one replica with all the cache also gets all the replicas' threads (and GPU share, below):
+    # the baseline is the same cache and compute in one place.
+    args = {"replicas": 1 if single else replicas, "num_cpus_per_replica": 0.5 * (replicas if single else 1),
+            "torch_num_threads": replicas if single else 1,
             "router": "prefix" if router == "prefix" else "pow2", "router_stats_period_s": 0.5,
             "max_waiting_requests": 64, "max_waiting_tokens": 1 << 20, "max_queued_requests": 512,
             **model, "engine_args": {**model["engine_args"],
@@ -282,6 +285,7 @@ def run_serve(args) -> dict:
     cache_bytes = args.cache_mib * 1024**2
     model = model_args(args)
     rows, skipped = {}, {}
+    measuring = None  # the router being measured when a time limit's SIGINT arrives
     try:
         for seed in args.seeds:
             conversations = multi_turn(args.users, args.turns, seed, system_tokens=args.system_tokens,
@@ -300,6 +304,7 @@ def run_serve(args) -> dict:
             for router, (app, name, trace_path) in apps.items():
                 if not args.deploy_first:
                     serve.run(app, name=name, route_prefix=f"/{name}")
+                measuring = router
                 base = f"http://127.0.0.1:{port}/{name}"
                 for _ in range(1200):
                     try:
@@ -350,17 +355,13 @@ def run_serve(args) -> dict:
                     row["router_actor_killed"] = _recovery(results, started, killer)
                 rows.setdefault(router, []).append({"seed": seed, **row})
                 print(router, seed, row, flush=True)
+                measuring = None
+    except KeyboardInterrupt:  # (timeout -s INT): the routers measured so far still make the result
+        skipped[measuring or "?"] = "stopped by SIGINT (the run's time limit) while it was measured"
     finally:
         serve.shutdown()
         ray.shutdown()
 
-    def p50(router):
-        return statistics.mean(r["ttft_p50_s"] for r in rows[router]) if router in rows else None
-
-    def ratio(a, b):
-        return round(a / b, 3) if a is not None and b else None
-
-    hits = {k: sum(r["hit_tokens"] for r in v) for k, v in rows.items()}
     return {
         "metric": "router_multi_turn",
         "device": _device_name(args.device),
@@ -375,16 +376,55 @@ def run_serve(args) -> dict:
                     f"{args.reply_tokens}-token {'generated (sent back)' if replies else 'stand-in'} replies, "
                     f"arrivals over 2 s, think time "
                     f"{args.think_s[0]}-{args.think_s[1]} s, max_tokens {args.max_tokens}, greedy; {args.replicas} replicas x "
-                    f"{cache_bytes >> 20} MiB cache (single_replica: one with {args.replicas}x), seeds {args.seeds}",
+                    f"{cache_bytes >> 20} MiB cache (single_replica: one with {args.replicas}x the cache and threads), seeds {args.seeds}",
         "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "
                     "defaults, on the token ids), one replica with the total cache: same run, same seed",
         "trace": bool(args.trace),
+        **router_metrics(rows),
+        "skipped": skipped,
+        "rows": rows,
+    }
+
+
+def router_metrics(rows: dict[str, list[dict]]) -> dict:
+    """The issue's figures from per-router rows (router -> one row per seed): TTFT p50 ratios
+    (the mean of the seeds' p50s) and hit-token ratios (summed over seeds); None where a router
+    is missing."""
+    def p50(router):
+        return statistics.mean(r["ttft_p50_s"] for r in rows[router]) if router in rows else None
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    hits = {k: sum(r["hit_tokens"] for r in v) for k, v in rows.items()}
+    return {
         "router_hit_tokens_vs_single_replica": ratio(hits.get("prefix"), hits.get("single_replica")),
         "router_ttft_p50_vs_round_robin": ratio(p50("prefix"), p50("round_robin")),
         "router_ttft_p50_vs_serve_default": ratio(p50("prefix"), p50("serve_default")),
         "router_ttft_p50_vs_ray_prefix_affinity": ratio(p50("prefix"), p50("ray_prefix_affinity")),
         "router_hit_tokens_2_ingress_vs_1": ratio(hits.get("prefix@2"), hits.get("prefix")),
         "router_hit_tokens_2_ingress_unshared_vs_1": ratio(hits.get("prefix_unshared@2"), hits.get("prefix")),
-        "skipped": skipped,
-        "rows": rows,
     }
+
+
+def merge_results(parts: list[dict]) -> dict:
+    """One result from `router_bench serve` runs of the same workload and seeds that measured
+    different routers at the same time (each in its own local Ray cluster on its own cores:
+    benchmarks/device_router_cpu16.sh with PARALLEL=1). Refuses parts whose workloads differ."""
+    if len({p["workload"] for p in parts}) != 1:
+        raise ValueError(f"parts measured different workloads: {sorted({p['workload'] for p in parts})}")
+    rows, skipped = {}, {}
+    for part in parts:
+        for router, router_rows in part["rows"].items():
+            if router in rows:
+                raise ValueError(f"router {router!r} is in more than one part")
+            rows[router] = router_rows
+        skipped.update(part.get("skipped", {}))
+    first = parts[0]
+    return {**{k: v for k, v in first.items() if k not in ("rows", "skipped", "setup")},
+            "setup": [p["setup"] for p in parts],
+            "parts": [{"routers": list(p["rows"]), "commit": p.get("commit"),
+                       "load_average_1_5_15_before": p.get("load_average_1_5_15_before"),
+                       "load_average_1_5_15_after": p.get("load_average_1_5_15_after")} for p in parts],
+            "concurrent": "the parts ran at the same time, each in its own local Ray cluster",
+            **router_metrics(rows), "skipped": skipped, "rows": rows}
