@@ -1,4 +1,5 @@
 from .._common import HAS_TRITON, missing_triton
+from .cpu import paged_attention_cpu
 from .ref import merge_attention_parts_ref, paged_attention_ref, store_kv_ref
 from .sdpa_extend import extend_attention_sdpa
 
@@ -14,4 +15,4 @@ else:
     warm_up_paged_attention = missing_triton("warm_up_paged_attention")
 
 __all__ = ["extend_attention", "extend_attention_sdpa", "merge_attention_parts", "merge_attention_parts_ref",
-           "paged_attention", "paged_attention_ref", "store_kv", "store_kv_ref", "warm_up_paged_attention"]
+           "paged_attention", "paged_attention_cpu", "paged_attention_ref", "store_kv", "store_kv_ref", "warm_up_paged_attention"]

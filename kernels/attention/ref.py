@@ -1,4 +1,4 @@
-"""Paged attention, torch reference (the CPU path and the spec for GPU kernels).
+"""Paged attention, torch reference (the spec for the GPU kernels and for the CPU path, cpu.py).
 
 Index arithmetic for one request `b` of a batch::
 

@@ -261,8 +261,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if use_triton(q):
         return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                      fb.cu_seqlens, scale, out=out, max_extend_len=fb.max_extend_len)
-    return _attn.paged_attention_ref(q, k_cache, v_cache, fb.req_to_token, fb.host.req_rows, fb.host.prefix_lens,
-                                     fb.host.extend_lens, scale)
+    fn = _attn.paged_attention_cpu if q.device.type == "cpu" else _attn.paged_attention_ref
+    return fn(q, k_cache, v_cache, fb.req_to_token, fb.host.req_rows, fb.host.prefix_lens, fb.host.extend_lens, scale)
 
 
 # ----- norms and rotary -------------------------------------------------------------------
