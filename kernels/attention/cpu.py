@@ -6,8 +6,8 @@ The reference materialises each request's [Hq, L, S] scores and copies K/V once 
 head of a group (`repeat_interleave`); this lets the fused kernel read the gathered K/V once
 per KV head (`enable_gqa`) and keep the scores in blocks. On one core (30M model's layout:
 8 query heads, 2 KV heads, head dim 64) a decode step of 4 rows at 1,400 tokens of context
-takes 4.3 ms a layer against the reference's 12.4, a 256-token prompt chunk at 2,560 tokens
-25 ms against 57.
+takes 2.5 ms a layer against the reference's 9.2, a 256-token prompt chunk at 2,560 tokens
+18 ms against 46 (benchmarks/cpu_attention_bench.py, results/cpu_attention_s32.json).
 """
 from __future__ import annotations
 
