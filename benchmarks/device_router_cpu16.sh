@@ -6,10 +6,13 @@
 # $OUT/NAME.json (each stopped after RUN_TIMEOUT seconds, 540: its per-run lines still print).
 # Usage (device machine, repo root):
 #   bash benchmarks/device_router_cpu16.sh "u16t8 --users 16 --turns 8 --think-s 3 6 --routers prefix round_robin" ...
-# Ray's router beside the others (its run is long: every request on one replica), two Ray clusters:
-#   PARALLEL=1 MERGE=u32t5_all RUN_TIMEOUT=560 bash benchmarks/device_router_cpu16.sh \
-#     "u32t5_a --users 32 --turns 5 ... --routers prefix round_robin serve_default single_replica" \
-#     "u32t5_b --users 32 --turns 5 ... --routers ray_prefix_affinity"
+# The issue's 32 users x 5 turns, Ray's router beside the others (its run is long, ~350 s: every
+# request on one replica), two Ray clusters; 8 conversations a replica need --cache-mib 128 (48 MiB
+# leaves 14 state slots for 8 running rows: the replicas evict the histories, session 32):
+#   W="--users 32 --turns 5 --user-tokens 256 --reply-tokens 128 --generate-replies --think-s 2 4 --seeds 0 \
+#      --deploy-first --cache-mib 128"
+#   PARALLEL=1 MERGE=u32t5_all RUN_TIMEOUT=545 bash benchmarks/device_router_cpu16.sh \
+#     "u32t5_a $W --routers prefix round_robin serve_default single_replica" "u32t5_b $W --routers ray_prefix_affinity"
 # All five routers in one 600-s call (--deploy-first starts their apps at once, ~55 s, not ~55 s each):
 #   RUN_TIMEOUT=545 bash benchmarks/device_router_cpu16.sh "u8t6_gen128_all --users 8 --turns 6 --user-tokens 256 \
 #     --reply-tokens 128 --generate-replies --think-s 3 6 --seeds 0 --deploy-first \
