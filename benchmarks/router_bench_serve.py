@@ -378,7 +378,7 @@ def run_serve(args) -> dict:
                     f"{args.think_s[0]}-{args.think_s[1]} s, max_tokens {args.max_tokens}, greedy; {args.replicas} replicas x "
                     f"{cache_bytes >> 20} MiB cache (single_replica: one with {args.replicas}x the cache and threads), seeds {args.seeds}",
         "baseline": "round-robin, Serve's default (power of two choices), Ray's PrefixCacheAffinityRouter (its "
-                    "defaults, on the token ids), one replica with the total cache: same run, same seed",
+                    "defaults, on the token ids), one replica with the total cache and threads: same run, same seed",
         "trace": bool(args.trace),
         **router_metrics(rows),
         "skipped": skipped,
@@ -409,8 +409,9 @@ def router_metrics(rows: dict[str, list[dict]]) -> dict:
 
 def merge_results(parts: list[dict]) -> dict:
     """One result from `router_bench serve` runs of the same workload and seeds that measured
-    different routers at the same time (each in its own local Ray cluster on its own cores:
-    benchmarks/device_router_cpu16.sh with PARALLEL=1). Refuses parts whose workloads differ."""
+    different routers at the same time on one machine, each in its own local Ray cluster
+    (benchmarks/device_router_cpu16.sh with PARALLEL=1). Refuses parts whose workloads differ
+    or that measured the same router."""
     if len({p["workload"] for p in parts}) != 1:
         raise ValueError(f"parts measured different workloads: {sorted({p['workload'] for p in parts})}")
     rows, skipped = {}, {}
