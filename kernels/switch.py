@@ -53,6 +53,12 @@ def use_triton(t: torch.Tensor) -> bool:
     return HAS_TRITON and t.is_cuda
 
 
+def forced_reference() -> bool:
+    """HYBRID_SERVE_KERNELS=ref: the torch references everywhere, also where a device has a
+    faster torch path of its own (the CPU's attention, kernels/attention/cpu.py)."""
+    return os.environ.get(KERNELS_ENV, "auto") == "ref"
+
+
 def skinny_rows_limit() -> int:
     """Most rows of x that go to the weight-streaming linear kernel: SKINNY_DEFAULT_ROWS, or
     HYBRID_SERVE_SKINNY_ROWS (0 = off, at most kernels.linear's SKINNY_MAX_ROWS)."""

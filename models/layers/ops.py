@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.switch import few_rows_limit, skinny_rows_limit, use_triton
+from ...kernels.switch import few_rows_limit, forced_reference, skinny_rows_limit, use_triton
 from ...kernels import attention as _attn
 from ...kernels import linear as _linear
 from ...kernels import activation as _act
@@ -261,7 +261,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if use_triton(q):
         return _attn.paged_attention(q, k_cache, v_cache, fb.req_to_token, fb.req_rows, fb.prefix_lens,
                                      fb.cu_seqlens, scale, out=out, max_extend_len=fb.max_extend_len)
-    fn = _attn.paged_attention_cpu if q.device.type == "cpu" else _attn.paged_attention_ref
+    fn = _attn.paged_attention_cpu if q.device.type == "cpu" and not forced_reference() else _attn.paged_attention_ref
     return fn(q, k_cache, v_cache, fb.req_to_token, fb.host.req_rows, fb.host.prefix_lens, fb.host.extend_lens, scale)
 
 

@@ -62,3 +62,27 @@ def test_cpu_attention_rejects_heads_not_a_multiple():
     q, k_cache, v_cache, req_to_token, rows = _batch([0], [2], 3, 2, 16, 16, torch.float32)
     with pytest.raises(ValueError, match="q heads 3 not a multiple of kv heads 2"):
         paged_attention_cpu(q, k_cache, v_cache, req_to_token, rows, [0], [2], 0.25)
+
+
+@pytest.mark.parametrize("switch,want", [(None, "cpu"), ("auto", "cpu"), ("ref", "ref")])
+def test_cpu_path_runs_the_fused_attention_unless_the_reference_is_forced(monkeypatch, switch, want):
+    """models/layers/ops.py's CPU attention: kernels/attention/cpu.py, or the reference with
+    HYBRID_SERVE_KERNELS=ref (which forces the references everywhere)."""
+    from types import SimpleNamespace
+
+    import hybrid_serve.kernels.attention as attention
+    from hybrid_serve.models.layers import ops
+
+    if switch is None:
+        monkeypatch.delenv("HYBRID_SERVE_KERNELS", raising=False)
+    else:
+        monkeypatch.setenv("HYBRID_SERVE_KERNELS", switch)
+    called = []
+    monkeypatch.setattr(attention, "paged_attention_cpu", lambda *a: called.append("cpu") or paged_attention_cpu(*a))
+    monkeypatch.setattr(attention, "paged_attention_ref", lambda *a: called.append("ref") or paged_attention_ref(*a))
+    q, k_cache, v_cache, req_to_token, rows = _batch([4], [2], 4, 2, 16, 16, torch.float32)
+    fb = SimpleNamespace(req_to_token=req_to_token,
+                         host=SimpleNamespace(req_rows=rows, prefix_lens=[4], extend_lens=[2]))
+    out = ops.paged_attention(q, k_cache, v_cache, 0.25, fb)
+    assert called == [want]
+    assert rel_err(out, paged_attention_ref(q, k_cache, v_cache, req_to_token, rows, [4], [2], 0.25)) < 1e-5
