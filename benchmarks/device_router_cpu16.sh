@@ -8,7 +8,8 @@
 #   bash benchmarks/device_router_cpu16.sh "u16t8 --users 16 --turns 8 --think-s 3 6 --routers prefix round_robin" ...
 # The issue's 32 users x 5 turns, Ray's router beside the others (its run is long, ~350 s: every
 # request on one replica), two Ray clusters; 8 conversations a replica need --cache-mib 128 (48 MiB
-# leaves 14 state slots for 8 running rows: the replicas evict the histories, session 32):
+# leaves 14 state slots for 8 running rows: the replicas evict the histories, session 32; the bench
+# now refuses such a cache before Ray starts, unless --allow-short-cache):
 #   W="--users 32 --turns 5 --user-tokens 256 --reply-tokens 128 --generate-replies --think-s 2 4 --seeds 0 \
 #      --deploy-first --cache-mib 128"
 #   PARALLEL=1 MERGE=u32t5_all RUN_TIMEOUT=545 bash benchmarks/device_router_cpu16.sh \

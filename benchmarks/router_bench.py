@@ -218,6 +218,9 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=8, help="serve: the engines' max_num_seqs")
     ap.add_argument("--engine-args", default="{}", help="serve: JSON of further engine arguments")
     ap.add_argument("--ray-cpus", type=int, default=4, help="serve: CPUs of the local Ray")
+    ap.add_argument("--allow-short-cache", action="store_true",
+                    help="serve: measure even if a replica's cache cannot keep its share of the conversations "
+                         "between turns (checked first on the CPU; the default refuses)")
     ap.add_argument("--deploy-first", action="store_true",
                     help="serve: start every router's app at once before the first is measured (each app "
                          "starts in ~55 s on 16 cores: five routers then fit one 600-s device call); the "

@@ -98,6 +98,55 @@ def model_args(args) -> dict:
     return out
 
 
+def cache_shortfall(num_state_slots: int, num_kv_pages: int, page_size: int, conversations: int, max_num_seqs: int,
+                    conversation_tokens: int, shared_tokens: int) -> str | None:
+    """What a replica's pools lack to keep `conversations` chats between turns (None: nothing):
+    a state slot each for its resume checkpoint, one for each of up to `max_num_seqs` running at
+    once and one for the prefix they share; KV pages for each history of up to
+    `conversation_tokens`, the `shared_tokens` prefix once. Short of them the replica evicts
+    histories whatever the router does (session 32: 32 users on 4 replicas of 48 MiB, 14 slots,
+    lost 0.28 of the hits one replica with the whole cache keeps)."""
+    slots_needed = conversations + min(conversations, max_num_seqs) + 1
+    tokens_needed = conversations * (conversation_tokens - shared_tokens) + shared_tokens
+    short = []
+    if num_state_slots < slots_needed:
+        short.append(f"{num_state_slots} state slots, {conversations} conversations need {slots_needed}")
+    if (num_kv_pages - 1) * page_size < tokens_needed:
+        short.append(f"{num_kv_pages - 1} KV pages ({(num_kv_pages - 1) * page_size} tokens), their histories "
+                     f"need {tokens_needed} tokens")
+    return "; ".join(short) or None
+
+
+def check_replica_cache(args, model: dict, cache_bytes: int) -> None:
+    """Before Ray starts: plan one replica's pools (an engine on the CPU with dummy weights) and
+    raise ValueError if they cannot keep the workload's conversations a replica
+    (`cache_shortfall`), unless --allow-short-cache. CPU runs only (on a GPU the plan would need
+    the model on the host)."""
+    if args.device != "cpu" or args.allow_short_cache:
+        return
+    import torch
+
+    from ..llm import LLM
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        llm = LLM(model=model.get("model"), tokenizer=model.get("tokenizer"),
+                  **{k: model[k] for k in ("load_format", "dtype") if k in model},
+                  **{**model["engine_args"], "cache_memory_bytes": cache_bytes})
+        setup = llm.engine.pool_setup
+        llm.shutdown()
+    finally:
+        torch.set_num_threads(threads)
+    conversations = -(-args.users // args.replicas)
+    history = args.system_tokens + args.turns * (args.user_tokens + args.reply_tokens)
+    short = cache_shortfall(setup.num_state_slots, setup.num_kv_pages, setup.page_size, conversations,
+                            model["engine_args"]["max_num_seqs"], history, args.system_tokens)
+    if short:
+        raise ValueError(f"--cache-mib {args.cache_mib}: a replica holds {short} ({args.users} users on "
+                         f"{args.replicas} replicas): raise --cache-mib, or --allow-short-cache to measure it anyway")
+
+
 def _app(router: str, replicas: int, cache_bytes: int, trace_path: str | None, model: dict, system_tokens: int):
     """The app for `router`; "NAME@K": the same with K ingress replicas (each with its own
     request router); "prefix_unshared": ours with a per-router index instead of the Router actor's;
@@ -279,11 +328,12 @@ def run_serve(args) -> dict:
     if replies and args.model == "demo":
         raise ValueError("--generate-replies reads reply ids from the synthetic tokenizer: give --model NAME")
 
+    cache_bytes = args.cache_mib * 1024**2
+    model = model_args(args)
+    check_replica_cache(args, model, cache_bytes)
     ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    cache_bytes = args.cache_mib * 1024**2
-    model = model_args(args)
     rows, skipped = {}, {}
     measuring = None  # the router being measured when a time limit's SIGINT arrives
     try:

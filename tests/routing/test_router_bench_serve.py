@@ -1,8 +1,9 @@
-"""router_bench's figures from per-router rows, and `merge` of serve results that measured
-different routers at the same time (benchmarks/router_bench_serve.py)."""
+"""router_bench serve's figures from per-router rows, `merge` of serve results that measured
+different routers at the same time, and the check that a replica's cache can keep its share of
+the conversations (benchmarks/router_bench_serve.py)."""
 import pytest
 
-from hybrid_serve.benchmarks.router_bench_serve import merge_results, router_metrics
+from hybrid_serve.benchmarks.router_bench_serve import cache_shortfall, merge_results, router_metrics
 
 
 def _row(seed, ttft_p50_s, hit_tokens):
@@ -46,3 +47,15 @@ def test_merge_refuses_different_workloads_and_a_router_twice():
         merge_results([a, _part({"round_robin": [_row(0, 2.0, 400)]}, workload="16 users x 5 turns")])
     with pytest.raises(ValueError, match="router 'prefix' is in more than one part"):
         merge_results([a, _part({"prefix": [_row(0, 1.1, 800)]})])
+
+
+def test_cache_shortfall_names_the_missing_slots_and_pages():
+    # session 32's set-up mistake: 32 users on 4 replicas of 48 MiB (14 slots, 1,168 pages)
+    assert cache_shortfall(14, 1168, 16, conversations=8, max_num_seqs=8, conversation_tokens=2944,
+                           shared_tokens=1024) == "14 state slots, 8 conversations need 17"
+    assert cache_shortfall(29, 2310, 16, 8, 8, 2944, 1024) is None  # 96 MiB
+    assert cache_shortfall(14, 1168, 16, 4, 8, 2944, 1024) is None  # 16 users: 4 a replica
+    # fewer running at once than conversations: a running slot for each row only
+    assert cache_shortfall(13, 4096, 16, 8, 4, 2944, 1024) is None
+    assert cache_shortfall(17, 101, 16, 8, 8, 2944, 1024) == \
+        "100 KV pages (1600 tokens), their histories need 16384 tokens"
