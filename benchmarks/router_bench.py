@@ -251,7 +251,7 @@ def main() -> int:
             "rows": rows})
         return 0
     if args.mode == "merge":
-        from .router_bench_serve import merge_results
+        from .router_bench_figures import merge_results
 
         parts = []
         for path in args.parts:

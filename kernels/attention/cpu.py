@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .ref import query_group, request_spans
+
 
 def paged_attention_cpu(
     q: torch.Tensor,
@@ -29,16 +31,10 @@ def paged_attention_cpu(
     whole context. q: [T, Hq, D]; k_cache: [S, Hkv, D]; v_cache: [S, Hkv, Dv]; req_to_token:
     [rows+1, max_context] KV slots; req_rows / prefix_lens / extend_lens: per request, host
     lists. Returns o: [T, Hq, Dv] in q's dtype (the kernel accumulates in fp32)."""
-    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"q heads {num_q_heads} not a multiple of kv heads {num_kv_heads}")
-    out = q.new_empty(q.shape[0], num_q_heads, v_cache.shape[-1])
-    start = 0
-    for row, prefix_len, extend_len in zip(req_rows, prefix_lens, extend_lens):
-        if extend_len == 0:
-            continue
+    group = query_group(q, k_cache)
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    for start, prefix_len, extend_len, kv_slots in request_spans(req_to_token, req_rows, prefix_lens, extend_lens):
         seq_len = prefix_len + extend_len
-        kv_slots = req_to_token[row, :seq_len].long()
         k = k_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
         v = v_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, Dv]
         q_b = q[start : start + extend_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
@@ -46,8 +42,6 @@ def paged_attention_cpu(
         mask = None if extend_len == 1 else (
             torch.arange(seq_len, device=q.device)[None, :]
             <= torch.arange(prefix_len, seq_len, device=q.device)[:, None])
-        o = F.scaled_dot_product_attention(q_b, k, v, attn_mask=mask, scale=scale,
-                                           enable_gqa=num_q_heads != num_kv_heads)
+        o = F.scaled_dot_product_attention(q_b, k, v, attn_mask=mask, scale=scale, enable_gqa=group > 1)
         out[start : start + extend_len] = o[0].transpose(0, 1)
-        start += extend_len
     return out

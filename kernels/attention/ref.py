@@ -40,15 +40,10 @@ def paged_attention_ref(
     req_to_token: [rows+1, max_context] KV slots; req_rows / prefix_lens / extend_lens: per
     request, host lists. Returns o: [T, Hq, Dv] in q's dtype. Softmax runs in fp32.
     """
-    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
-    if num_q_heads % num_kv_heads:
-        raise ValueError(f"q heads {num_q_heads} not a multiple of kv heads {num_kv_heads}")
-    group = num_q_heads // num_kv_heads
-    out = q.new_empty(q.shape[0], num_q_heads, v_cache.shape[-1])
-    start = 0
-    for row, prefix_len, extend_len in zip(req_rows, prefix_lens, extend_lens):
+    group = query_group(q, k_cache)
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    for start, prefix_len, extend_len, kv_slots in request_spans(req_to_token, req_rows, prefix_lens, extend_lens):
         seq_len = prefix_len + extend_len
-        kv_slots = req_to_token[row, :seq_len].long()
         k = k_cache[kv_slots].to(q.dtype).repeat_interleave(group, dim=1)  # [S, Hq, D]
         v = v_cache[kv_slots].to(q.dtype).repeat_interleave(group, dim=1)  # [S, Hq, Dv]
         q_b = q[start : start + extend_len]  # [L, Hq, D]
@@ -58,8 +53,26 @@ def paged_attention_ref(
         scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out[start : start + extend_len] = torch.einsum("hls,shd->lhd", probs, v)
-        start += extend_len
     return out
+
+
+def query_group(q: torch.Tensor, k_cache: torch.Tensor) -> int:
+    """Query heads per KV head (q: [T, Hq, D], k_cache: [S, Hkv, D]); ValueError if Hq is not a
+    multiple of Hkv."""
+    num_q_heads, num_kv_heads = q.shape[1], k_cache.shape[1]
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"q heads {num_q_heads} not a multiple of kv heads {num_kv_heads}")
+    return num_q_heads // num_kv_heads
+
+
+def request_spans(req_to_token: torch.Tensor, req_rows: list[int], prefix_lens: list[int], extend_lens: list[int]):
+    """Per request with new tokens: (its first q row, prefix_len, extend_len, the KV slots of its
+    whole context: req_to_token[row, :prefix_len + extend_len] as int64)."""
+    start = 0
+    for row, prefix_len, extend_len in zip(req_rows, prefix_lens, extend_lens):
+        if extend_len:
+            yield start, prefix_len, extend_len, req_to_token[row, : prefix_len + extend_len].long()
+        start += extend_len
 
 
 def merge_attention_parts_ref(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,

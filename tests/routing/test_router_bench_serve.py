@@ -3,7 +3,8 @@ different routers at the same time, and the check that a replica's cache can kee
 the conversations (benchmarks/router_bench_serve.py)."""
 import pytest
 
-from hybrid_serve.benchmarks.router_bench_serve import cache_shortfall, merge_results, router_metrics
+from hybrid_serve.benchmarks.router_bench_figures import merge_results, router_metrics
+from hybrid_serve.benchmarks.router_bench_serve import cache_shortfall
 
 
 def _row(seed, ttft_p50_s, hit_tokens):
