@@ -12,16 +12,22 @@ if TYPE_CHECKING:
 
 
 # Defaults by device. CUDA: a step of up to 8192 tokens and a prompt chunk of 8192 fill an
-# H100's tensor cores (vLLM and SGLang default to 8192 there too), 256 running sequences, and a
-# decode graph for every batch size. CPU: steps of at most 512 tokens, so a decoding request
-# waits for at most one of them; a prompt chunk of 256, since a CPU prompt step costs ~30 ms
-# beyond its tokens' share in the demo model: a 1,024-token prompt of the demo takes 350-410 ms
-# in chunks of 256 and 700-730 ms in chunks of 64 (2 cores, 2026-11-29; benchmarks/RESULTS.md).
+# H100's tensor cores (vLLM and SGLang default to 8192 there too), 256 running sequences, a
+# decode graph for every batch size, and overlapped scheduling (step N+1 queued while the GPU
+# runs step N). CPU: steps of at most 512 tokens, so a decoding request waits for at most one
+# of them, and a prompt chunk as large as the step: a CPU prompt step costs ~30 ms beyond its
+# tokens' share (a 1,024-token prompt of the demo: 350-410 ms in chunks of 256, 700-730 ms in
+# chunks of 64), and a chat turn of ~270 new tokens split 256 + 16 pays a second step with
+# every decoding row in it. No overlap on the CPU: torch runs a CPU step's forward inside the
+# launch, so "queueing" step N+1 computes it whole before step N's tokens are handed out, one
+# step of latency on every token and nothing gained. Together, one replica's share of the
+# router's chat workload (8 conversations, 256-token turns, 128-token replies, one thread):
+# later turns' TTFT p50 0.33-0.46 s against 0.70-1.04 s (benchmarks/RESULTS.md, session 33).
 DEVICE_DEFAULTS = {
     "cuda": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "chunked_prefill_size": 8192,
-             "prefill_hold_steps": 16, "enable_piecewise_graphs": True},
-    "cpu": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "chunked_prefill_size": 256,
-            "prefill_hold_steps": 0, "enable_piecewise_graphs": False},
+             "prefill_hold_steps": 16, "enable_piecewise_graphs": True, "async_scheduling": True},
+    "cpu": {"max_num_seqs": 64, "max_num_batched_tokens": 512, "chunked_prefill_size": 512,
+            "prefill_hold_steps": 0, "enable_piecewise_graphs": False, "async_scheduling": False},
 }
 
 
@@ -80,7 +86,8 @@ class EngineConfig:
     # (benchmarks/RESULTS.md, "Piecewise CUDA graphs on the GPU").
     enable_piecewise_graphs: bool | None = None
     piecewise_graph_max_tokens: int = 2048
-    async_scheduling: bool = True  # queue step N+1 before reading step N's tokens back (tp = 1)
+    # queue step N+1 before reading step N's tokens back (default by device: on CUDA, off on CPU)
+    async_scheduling: bool | None = None
     warm_up: bool = True  # compile every kernel shape at start-up, before serving (CUDA)
     # speculative decoding: None (off), or a dict / SpeculativeConfig (engine/spec/config.py)
     speculative_config: SpeculativeConfig | dict | None = None

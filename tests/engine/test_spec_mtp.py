@@ -30,7 +30,7 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 def _args(**kw):
     args = dict(dtype="float32", max_num_seqs=3, max_num_batched_tokens=32, chunked_prefill_size=16,
-                enable_prefix_caching=True, state_checkpoint_interval=16,
+                enable_prefix_caching=True, state_checkpoint_interval=16, async_scheduling=True,  # (as on CUDA)
                 speculative_config=dict(method="mtp", num_speculative_tokens=K, adaptive=False))
     args.update(kw)
     return args
