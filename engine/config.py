@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 # launch, so "queueing" step N+1 computes it whole before step N's tokens are handed out, one
 # step of latency on every token and nothing gained. Together, one replica's share of the
 # router's chat workload (8 conversations, 256-token turns, 128-token replies, one thread):
-# later turns' TTFT p50 0.33-0.46 s against 0.70-1.04 s (benchmarks/RESULTS.md, session 33).
+# later turns' TTFT p50 0.41-0.48 s against 0.87-0.96 s over three seeds, TPOT p50 alike
+# (benchmarks/chat_replica_bench.py; benchmarks/RESULTS.md, session 33).
 DEVICE_DEFAULTS = {
     "cuda": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "chunked_prefill_size": 8192,
              "prefill_hold_steps": 16, "enable_piecewise_graphs": True, "async_scheduling": True},
