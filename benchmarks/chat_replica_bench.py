@@ -39,7 +39,7 @@ def run_conversations(llm, seed: int, conversations: int = 8, turns: int = 5, sy
 
     engine = llm.engine
     rng = random.Random(seed)
-    vocab = 4000
+    vocab = min(4000, int(engine.hf_config.vocab_size))  # (the 30M model's: 4000, as measured)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(n)]
@@ -83,7 +83,7 @@ def run_conversations(llm, seed: int, conversations: int = 8, turns: int = 5, sy
             if turn[c] < turns:
                 due[c] = time.monotonic() + rng.uniform(*think_s)
     later = [t for t in turns_done if t["turn"] > 0]
-    return {"seed": seed, "wall_s": round(time.monotonic() - start, 1), "steps": num_steps,
+    return {"seed": seed, "wall_s": round(time.monotonic() - start, 1), "steps": num_steps, "turns": len(turns_done),
             "later_turn_ttft_p50_s": round(_quantile([t["ttft_s"] for t in later], 0.5), 3),
             "later_turn_ttft_mean_s": round(statistics.mean(t["ttft_s"] for t in later), 3),
             "ttft_p50_s": round(_quantile([t["ttft_s"] for t in turns_done], 0.5), 3),
