@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
+
+from .provenance import cpu_device, git_commit
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -128,9 +128,8 @@ def main() -> int:
     print(json.dumps(summary, indent=1))
     result = {"metric": "one replica's chat turns at the engine: TTFT / TPOT by engine settings",
               "date": time.strftime("%Y-%m-%d"),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=os.path.dirname(__file__)).stdout.strip(),
-              "device": f"cpu ({os.cpu_count()} cores, 1 torch thread), {platform.processor() or platform.machine()}",
+              "commit": git_commit(),
+              "device": cpu_device(torch_threads=1),
               "workload": "30M model (qwen3_5_30m_cpu, fp32 dummy weights), max_num_seqs 8, "
                           f"{args.cache_mib} MiB cache; 8 conversations x 5 turns, 1,024-token system prompt, "
                           "256-token user turns, 128-token generated replies sent back, think 2-4 s, arrivals "

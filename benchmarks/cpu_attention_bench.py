@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 
 import torch
+
+from .provenance import cpu_device, git_commit
 
 
 def op_rows() -> list[dict]:
@@ -96,9 +96,8 @@ def main() -> int:
     torch.set_num_threads(1)
     result = {"metric": "CPU paged attention: fused SDPA (cpu) against the reference (ref), one thread",
               "date": time.strftime("%Y-%m-%d"),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=os.path.dirname(__file__)).stdout.strip(),
-              "device": f"cpu ({os.cpu_count()} cores, 1 torch thread), {platform.processor() or platform.machine()}",
+              "commit": git_commit(),
+              "device": cpu_device(torch_threads=1),
               "workload": "op: 8 query heads, 2 KV heads, head dim 64, scattered KV slots, 20 calls; engine: 30M model "
                           "fp32, a 384-token prompt after a 1,024-token cached prefix (TTFT through LLM.generate) and "
                           "32 decode steps of 4 rows at ~1.4k context; medians of --reps alternations",

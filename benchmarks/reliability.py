@@ -51,6 +51,8 @@ import time
 import urllib.request
 from collections import Counter
 
+from hybrid_serve.benchmarks.provenance import git_commit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 DATE = "2026-11-26"
@@ -65,17 +67,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def git_commit() -> str:
-    root = os.path.dirname(HERE)
-    try:
-        sha = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True).strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "deploy", "engine", "models", "kernels",
-                                "mem_cache", "routing"], cwd=root, check=False).returncode != 0
-        return sha + ("+uncommitted changes (deploy, engine, models, kernels, mem_cache, routing)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def pct(values: list[float], q: float) -> float | None:

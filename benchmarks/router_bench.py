@@ -27,9 +27,10 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import time
 from types import SimpleNamespace
+
+from .provenance import git_commit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -166,14 +167,6 @@ def micro(seeds: list[int]) -> list[dict]:
     return out
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=HERE).stdout.strip()
-    except OSError:
-        return ""
-
-
 def _write(name: str, result: dict) -> None:
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", name), "w") as f:
@@ -233,7 +226,7 @@ def main() -> int:
         rows = micro(args.seeds)
         _write(args.out_name or "router_micro.json", {
             "metric": "router_decision_p99_ms, router_predicted_hit_error_p95_pages, router_load_max_over_min",
-            "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "device": "cpu (2 cores)",
+            "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "device": "cpu (2 cores)",
             "load_average_1_5_15_before": load_before, "load_average_1_5_15_after": os.getloadavg(),
             "workload": "decision: 64 users x 5 turns (1024-token system prompt, 128-token turns), 4 replicas, "
                         "paced 500/s for 4 s; hit error: 24 users x 5 turns on 4 CacheManagers (160 pages of 16, "
@@ -262,7 +255,7 @@ def main() -> int:
     from .router_bench_serve import run_serve
 
     result = run_serve(args)
-    result.update({"date": time.strftime("%Y-%m-%d"), "commit": _commit(), "load_average_1_5_15_before": load_before,
+    result.update({"date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "load_average_1_5_15_before": load_before,
                    "load_average_1_5_15_after": os.getloadavg()})
     _write(args.out_name or "router_multi_turn.json", result)
     return 0
