@@ -33,8 +33,12 @@ def _quantile(values: list[float], q: float) -> float:
 
 def run_conversations(llm, seed: int, conversations: int = 8, turns: int = 5, system_tokens: int = 1024,
                       user_tokens: int = 256, reply_tokens: int = 128, think_s: tuple[float, float] = (2.0, 4.0),
-                      arrivals_s: float = 2.0) -> dict:
-    """Drive `llm.engine` with the chat workload; per-turn TTFT / TPOT and the steps run."""
+                      arrivals_s: float = 2.0, unseen_history_fraction: float = 0.0) -> dict:
+    """Drive `llm.engine` with the chat workload; per-turn TTFT / TPOT and the steps run.
+
+    `unseen_history_fraction`: the share of later turns whose history this replica never saw
+    (round-robin over 4 replicas: 0.75). Such a turn brings a history of the same length that
+    shares only the system prompt with anything cached, so the replica computes it whole."""
     from hybrid_serve import SamplingParams
 
     engine = llm.engine
@@ -57,7 +61,10 @@ def run_conversations(llm, seed: int, conversations: int = 8, turns: int = 5, sy
     while due or live:
         now = time.monotonic()
         for c in [c for c, t in due.items() if t <= now]:
-            prompt = history[c] + tokens(user_tokens)
+            past = history[c]
+            if turn[c] > 0 and rng.random() < unseen_history_fraction:
+                past = system + tokens(len(past) - len(system))
+            prompt = past + tokens(user_tokens)
             request_id = f"c{c}-t{turn[c]}"
             engine.add_request(request_id, prompt, params)
             live[request_id] = (c, prompt, due.pop(c))

@@ -331,6 +331,14 @@ def run_serve(args) -> dict:
                        "prompt_tokens": sum(r["prompt_tokens"] for r in results),
                        "later_turn_ttft_p50_s": round(statistics.median(
                            [r["ttft_s"] for r in results if r["turn"] and r["ttft_s"] is not None]), 4)}
+                by_turn = {}
+                for r in results:
+                    if r["ttft_s"] is not None:
+                        by_turn.setdefault(r["turn"], []).append(r["ttft_s"])
+                row["ttft_p50_by_turn_s"] = [round(statistics.median(by_turn[t]), 4) for t in sorted(by_turn)]
+                # (each request, in the order sent: user, turn, TTFT in ms, prompt and hit tokens)
+                row["per_request"] = [[r["user"], r["turn"], None if r["ttft_s"] is None else round(1e3 * r["ttft_s"], 1),
+                                       r["prompt_tokens"], r["cached_tokens"]] for r in sorted(results, key=lambda r: r["start_s"])]
                 row["failed_requests"] = len(failures)
                 row["ttft_mean_ms"] = round(1e3 * statistics.mean(ttfts), 2)  # (beside the replicas' mean)
                 row.update(split)
