@@ -1,9 +1,12 @@
 """The CPU path's paged attention (kernels/attention/cpu.py, torch's fused SDPA) against the
-reference it replaced (paged_attention_ref), on one thread: the op alone at the 30M model's head
-layout, then through `LLM.generate` with the 30M model (`model_configs.qwen3_5_30m_cpu`, fp32
-dummy weights), the two alternating in one process (the machine's speed drifts).
+reference it replaced (paged_attention_ref) and against itself as it gathered K/V before session
+34 (advanced indexing, `k_cache[slots]`, ~4x slower than `index_select` on one core), on one
+thread: the op alone at the 30M model's head layout, then through `LLM.generate` with the 30M
+model (`model_configs.qwen3_5_30m_cpu`, fp32 dummy weights), then one replica's chat turns
+(`chat_replica_bench.run_conversations`, `--chat-reps`); the variants alternate in one process
+(the machine's speed drifts).
 
-    python -m hybrid_serve.benchmarks.cpu_attention_bench [--reps 3]
+    python -m hybrid_serve.benchmarks.cpu_attention_bench [--reps 3] [--chat-reps 2]
 """
 from __future__ import annotations
 
@@ -18,6 +21,28 @@ import time
 import torch
 
 from .provenance import cpu_device, git_commit
+
+
+def paged_attention_cpu_advanced_index(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens,
+                                       scale):
+    """The baseline: `paged_attention_cpu` as it gathered each request's K/V before session 34."""
+    import torch.nn.functional as F
+
+    from hybrid_serve.kernels.attention.ref import query_group, request_spans
+
+    group = query_group(q, k_cache)
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    for start, prefix_len, extend_len, kv_slots in request_spans(req_to_token, req_rows, prefix_lens, extend_lens):
+        seq_len = prefix_len + extend_len
+        k = k_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+        v = v_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
+        q_b = q[start : start + extend_len].transpose(0, 1).unsqueeze(0)
+        mask = None if extend_len == 1 else (
+            torch.arange(seq_len, device=q.device)[None, :]
+            <= torch.arange(prefix_len, seq_len, device=q.device)[:, None])
+        o = F.scaled_dot_product_attention(q_b, k, v, attn_mask=mask, scale=scale, enable_gqa=group > 1)
+        out[start : start + extend_len] = o[0].transpose(0, 1)
+    return out
 
 
 def op_rows() -> list[dict]:
@@ -37,7 +62,8 @@ def op_rows() -> list[dict]:
                 dim ** -0.5)
         row = {"new_tokens_a_row": new, "context_tokens": context, "rows": batch,
                "max_abs_diff": float((paged_attention_cpu(*args) - paged_attention_ref(*args)).abs().max())}
-        for name, fn in (("cpu_ms", paged_attention_cpu), ("ref_ms", paged_attention_ref)):
+        for name, fn in (("cpu_ms", paged_attention_cpu), ("cpu_advanced_index_ms", paged_attention_cpu_advanced_index),
+                         ("ref_ms", paged_attention_ref)):
             fn(*args)
             start = time.perf_counter()
             for _ in range(20):
@@ -55,7 +81,8 @@ def engine_rows(reps: int) -> dict:
     from .model_configs import write_model_dir
     from .synthetic_tokenizer import write_tokenizer
 
-    fns = {"cpu": attention.paged_attention_cpu, "ref": attention.paged_attention_ref}
+    fns = {"cpu": attention.paged_attention_cpu, "cpu_advanced_index": paged_attention_cpu_advanced_index,
+           "ref": attention.paged_attention_ref}
     tmp = tempfile.mkdtemp()
     llm = LLM(model=write_model_dir("qwen3_5_30m_cpu", tmp), load_format="dummy", dtype="float32",
               tokenizer=write_tokenizer(os.path.join(tmp, "tok"), 4096), max_model_len=4096, max_num_seqs=8)
@@ -88,9 +115,38 @@ def engine_rows(reps: int) -> dict:
     return out
 
 
+def chat_rows(reps: int) -> list[dict]:
+    """One replica's chat turns (8 conversations x 5 turns, seed 0, 128 MiB) with the gather
+    before and after session 34, alternating."""
+    import hybrid_serve.kernels.attention as attention
+    from hybrid_serve import LLM
+
+    from .chat_replica_bench import run_conversations
+    from .model_configs import write_model_dir
+    from .synthetic_tokenizer import write_tokenizer
+
+    fns = {"cpu": attention.paged_attention_cpu, "cpu_advanced_index": paged_attention_cpu_advanced_index}
+    tmp = tempfile.mkdtemp()
+    model, tokenizer = write_model_dir("qwen3_5_30m_cpu", tmp), write_tokenizer(os.path.join(tmp, "tok"), 4096)
+    rows = []
+    try:
+        for rep in range(reps):
+            for name, fn in fns.items():
+                attention.paged_attention_cpu = fn
+                llm = LLM(model=model, load_format="dummy", dtype="float32", tokenizer=tokenizer, max_model_len=4096,
+                          max_num_seqs=8, cache_memory_bytes=128 << 20)
+                rows.append({"attention": name, "rep": rep, **run_conversations(llm, seed=0)})
+                print(rows[-1], flush=True)
+                del llm
+    finally:
+        attention.paged_attention_cpu = fns["cpu"]
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--chat-reps", type=int, default=2, help="alternations of the chat workload (0: none)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cpu_attention.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -100,9 +156,13 @@ def main() -> int:
               "device": cpu_device(torch_threads=1),
               "workload": "op: 8 query heads, 2 KV heads, head dim 64, scattered KV slots, 20 calls; engine: 30M model "
                           "fp32, a 384-token prompt after a 1,024-token cached prefix (TTFT through LLM.generate) and "
-                          "32 decode steps of 4 rows at ~1.4k context; medians of --reps alternations",
-              "baseline": "paged_attention_ref (the reference the CPU path ran before), same process",
-              "op": op_rows(), "engine": engine_rows(args.reps)}
+                          "32 decode steps of 4 rows at ~1.4k context; medians of --reps alternations; chat: "
+                          "chat_replica_bench.run_conversations (8 conversations x 5 turns, 1,024-token system prompt, "
+                          "256-token turns, 128-token replies, think 2-4 s, seed 0), --chat-reps alternations",
+              "baseline": "paged_attention_ref (the reference the CPU path ran before session 32) and "
+                          "paged_attention_cpu_advanced_index (the CPU path before session 34), same process",
+              "op": op_rows(), "engine": engine_rows(args.reps),
+              "chat": chat_rows(args.chat_reps) if args.chat_reps else []}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     return 0

@@ -4,10 +4,12 @@ reference (tests/kernels/test_attention_cpu.py).
 
 The reference materialises each request's [Hq, L, S] scores and copies K/V once per query
 head of a group (`repeat_interleave`); this lets the fused kernel read the gathered K/V once
-per KV head (`enable_gqa`) and keep the scores in blocks. On one core (30M model's layout:
-8 query heads, 2 KV heads, head dim 64) a decode step of 4 rows at 1,400 tokens of context
-takes 2.5 ms a layer against the reference's 9.2, a 256-token prompt chunk at 2,560 tokens
-18 ms against 46 (benchmarks/cpu_attention_bench.py, results/cpu_attention_s32.json).
+per KV head (`enable_gqa`) and keep the scores in blocks. The gather is `index_select`: torch's
+advanced indexing (`k_cache[slots]`) takes ~4x as long for the same rows on one core. On one
+core (30M model's layout: 8 query heads, 2 KV heads, head dim 64) a decode step of 4 rows at
+1,400 tokens of context takes 2.1 ms a layer (3.5 with advanced indexing, 9.4 the reference),
+a 256-token prompt chunk at 2,560 tokens 16 ms (21, 56) (benchmarks/cpu_attention_bench.py,
+results/cpu_attention_s34.json).
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ def paged_attention_cpu(
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     for start, prefix_len, extend_len, kv_slots in request_spans(req_to_token, req_rows, prefix_lens, extend_lens):
         seq_len = prefix_len + extend_len
-        k = k_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
-        v = v_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, Dv]
+        k = k_cache.index_select(0, kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+        v = v_cache.index_select(0, kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, Dv]
         q_b = q[start : start + extend_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
         # query i (position prefix_len + i) sees keys 0 .. prefix_len + i; one query sees them all
         mask = None if extend_len == 1 else (
