@@ -62,7 +62,7 @@ def run_conversations(llm, seed: int, conversations: int = 8, turns: int = 5, sy
         now = time.monotonic()
         for c in [c for c, t in due.items() if t <= now]:
             past = history[c]
-            if turn[c] > 0 and rng.random() < unseen_history_fraction:
+            if turn[c] > 0 and unseen_history_fraction and rng.random() < unseen_history_fraction:
                 past = system + tokens(len(past) - len(system))
             prompt = past + tokens(user_tokens)
             request_id = f"c{c}-t{turn[c]}"
@@ -113,6 +113,8 @@ def main() -> int:
         '{"async_scheduling": true}', '{"chunked_prefill_size": 256}'],
         help="engine settings (JSON) over the CPU defaults; '{}' is the defaults")
     ap.add_argument("--cache-mib", type=int, default=128)
+    ap.add_argument("--unseen-history-fraction", type=float, default=0.0,
+                    help="later turns whose history this replica never saw (round-robin over 4 replicas: 0.75)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "chat_replica.json"))
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -124,7 +126,8 @@ def main() -> int:
         for variant in args.variants:
             llm = LLM(model=model, load_format="dummy", dtype="float32", tokenizer=tokenizer, max_model_len=4096,
                       max_num_seqs=8, cache_memory_bytes=args.cache_mib << 20, **json.loads(variant))
-            row = {"variant": variant, **run_conversations(llm, seed)}
+            row = {"variant": variant,
+                   **run_conversations(llm, seed, unseen_history_fraction=args.unseen_history_fraction)}
             llm.engine.cache.check_empty()
             print(row, flush=True)
             rows.append(row)
@@ -140,7 +143,8 @@ def main() -> int:
               "workload": "30M model (qwen3_5_30m_cpu, fp32 dummy weights), max_num_seqs 8, "
                           f"{args.cache_mib} MiB cache; 8 conversations x 5 turns, 1,024-token system prompt, "
                           "256-token user turns, 128-token generated replies sent back, think 2-4 s, arrivals "
-                          "over 2 s; variants alternate within each seed",
+                          f"over 2 s, unseen history fraction {args.unseen_history_fraction}; variants alternate "
+                          "within each seed",
               "cpu_defaults": DEVICE_DEFAULTS["cpu"],
               "baseline": "the variants in the same process (the settings before session 33: async_scheduling "
                           "on, chunked_prefill_size 256)",

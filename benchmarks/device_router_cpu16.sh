@@ -43,7 +43,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
 echo "cores: $(nproc)"
 # The 30M model of the demo's layout (fp32 dummy weights, one thread a replica), 4 replicas, the
 # 1,024-token system prompt; each run adds its own workload and routers.
-# MODEL / MAX_MODEL_LEN: another model_configs name (e.g. qwen3_5_100m_cpu), a longer context.
+# MODEL / MAX_MODEL_LEN: another benchmarks/model_configs.py name, a longer context.
 COMMON=(--model "${MODEL:-qwen3_5_30m_cpu}" --dtype float32 --max-model-len "${MAX_MODEL_LEN:-4096}"
         --ray-cpus "$(nproc)" --system-tokens 1024)
 run_spec() {  # "NAME ARGS...": router_bench serve ARGS -> $OUT/NAME.json, its log $OUT/NAME.log

@@ -31,19 +31,6 @@ def qwen3_5_30m_cpu():
                              vocab_size=4096, max_position_embeddings=8192, tie_word_embeddings=True)
 
 
-def qwen3_5_100m_cpu():
-    """The demo's layout at hidden 768 and 12 layers (GDN:attention 3:1): ~95M parameters, 3.3x
-    the 30M model. On one CPU thread a decode step reads its weights (~380 MB fp32) while a
-    prompt chunk computes, so a chat turn's prefill, not the decode steps around it, makes its
-    TTFT (the router benchmark on the device machine's CPU cores)."""
-    from transformers import Qwen3_5TextConfig
-
-    return Qwen3_5TextConfig(hidden_size=768, num_hidden_layers=12, intermediate_size=2304, num_attention_heads=12,
-                             num_key_value_heads=2, head_dim=64, linear_num_key_heads=6, linear_num_value_heads=12,
-                             linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4,
-                             vocab_size=4096, max_position_embeddings=8192, tie_word_embeddings=True)
-
-
 def qwen3_5_1b():
     cfg = qwen3_5_2p3b()
     cfg.num_hidden_layers = 12
@@ -163,8 +150,7 @@ def falcon_h1_0p5b():
                           tie_word_embeddings=False)
 
 
-CONFIGS = {"qwen3_5_2p3b": qwen3_5_2p3b, "qwen3_5_1b": qwen3_5_1b, "qwen3_5_30m_cpu": qwen3_5_30m_cpu,
-           "qwen3_5_100m_cpu": qwen3_5_100m_cpu, "qwen3_next_1b": qwen3_next_1b,
+CONFIGS = {"qwen3_5_2p3b": qwen3_5_2p3b, "qwen3_5_1b": qwen3_5_1b, "qwen3_5_30m_cpu": qwen3_5_30m_cpu, "qwen3_next_1b": qwen3_next_1b,
            "qwen3_next_80b_a3b": qwen3_next_80b_a3b, "qwen3_next_80b_12l": qwen3_next_80b_12l,
            "lfm2_1b": lfm2_1b, "nemotron_h_1b": nemotron_h_1b, "qwen3_5_moe_35b_a3b": qwen3_5_moe_35b_a3b,
            "lfm2_moe_8b_a1b": lfm2_moe_8b_a1b, "bamba_9b": bamba_9b, "granite_4_0_h_tiny": granite_4_0_h_tiny,
