@@ -62,13 +62,17 @@ def op_rows() -> list[dict]:
                 dim ** -0.5)
         row = {"new_tokens_a_row": new, "context_tokens": context, "rows": batch,
                "max_abs_diff": float((paged_attention_cpu(*args) - paged_attention_ref(*args)).abs().max())}
+        slots_b = req_to_token[1, :context].long()  # one request's K gather alone, both ways
         for name, fn in (("cpu_ms", paged_attention_cpu), ("cpu_advanced_index_ms", paged_attention_cpu_advanced_index),
-                         ("ref_ms", paged_attention_ref)):
+                         ("ref_ms", paged_attention_ref),
+                         ("gather_index_select_us", lambda *_: k_cache.index_select(0, slots_b)),
+                         ("gather_advanced_index_us", lambda *_: k_cache[slots_b])):
             fn(*args)
             start = time.perf_counter()
             for _ in range(20):
                 fn(*args)
-            row[name] = round(1e3 * (time.perf_counter() - start) / 20, 2)
+            unit = 1e6 if name.endswith("_us") else 1e3
+            row[name] = round(unit * (time.perf_counter() - start) / 20, 2)
         print(row, flush=True)
         rows.append(row)
     return rows

@@ -5,11 +5,11 @@ reference (tests/kernels/test_attention_cpu.py).
 The reference materialises each request's [Hq, L, S] scores and copies K/V once per query
 head of a group (`repeat_interleave`); this lets the fused kernel read the gathered K/V once
 per KV head (`enable_gqa`) and keep the scores in blocks. The gather is `index_select`: torch's
-advanced indexing (`k_cache[slots]`) takes ~4x as long for the same rows on one core. On one
-core (30M model's layout: 8 query heads, 2 KV heads, head dim 64) a decode step of 4 rows at
-1,400 tokens of context takes 2.1 ms a layer (3.5 with advanced indexing, 9.4 the reference),
-a 256-token prompt chunk at 2,560 tokens 16 ms (21, 56) (benchmarks/cpu_attention_bench.py,
-results/cpu_attention_s34.json).
+advanced indexing (`k_cache[slots]`) takes 2.3-3.8x as long for the same rows on one core. On
+one core (30M model's layout: 8 query heads, 2 KV heads, head dim 64) a decode step of 4 rows
+at 1,400 tokens of context takes 1.5 ms a layer (2.4 with advanced indexing, 5.5 the
+reference), a 256-token prompt chunk at 2,560 tokens 16 ms (16, 37)
+(benchmarks/cpu_attention_bench.py, results/cpu_attention_s34.json).
 """
 from __future__ import annotations
 
