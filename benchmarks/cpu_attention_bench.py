@@ -23,26 +23,17 @@ import torch
 from .provenance import cpu_device, git_commit
 
 
-def paged_attention_cpu_advanced_index(q, k_cache, v_cache, req_to_token, req_rows, prefix_lens, extend_lens,
-                                       scale):
-    """The baseline: `paged_attention_cpu` as it gathered each request's K/V before session 34."""
-    import torch.nn.functional as F
+def paged_attention_cpu_advanced_index(*args):
+    """The baseline: `paged_attention_cpu` with each request's K/V gathered as before session 34
+    (advanced indexing, `cache[slots]`), by swapping the kernel module's one gather."""
+    from hybrid_serve.kernels.attention import cpu
 
-    from hybrid_serve.kernels.attention.ref import query_group, request_spans
-
-    group = query_group(q, k_cache)
-    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
-    for start, prefix_len, extend_len, kv_slots in request_spans(req_to_token, req_rows, prefix_lens, extend_lens):
-        seq_len = prefix_len + extend_len
-        k = k_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
-        v = v_cache[kv_slots].to(q.dtype).transpose(0, 1).unsqueeze(0)
-        q_b = q[start : start + extend_len].transpose(0, 1).unsqueeze(0)
-        mask = None if extend_len == 1 else (
-            torch.arange(seq_len, device=q.device)[None, :]
-            <= torch.arange(prefix_len, seq_len, device=q.device)[:, None])
-        o = F.scaled_dot_product_attention(q_b, k, v, attn_mask=mask, scale=scale, enable_gqa=group > 1)
-        out[start : start + extend_len] = o[0].transpose(0, 1)
-    return out
+    gather = cpu.gather_kv_rows
+    cpu.gather_kv_rows = lambda cache, kv_slots: cache[kv_slots]
+    try:
+        return cpu.paged_attention_cpu(*args)
+    finally:
+        cpu.gather_kv_rows = gather
 
 
 def op_rows() -> list[dict]:

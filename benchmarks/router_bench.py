@@ -30,7 +30,7 @@ import statistics
 import time
 from types import SimpleNamespace
 
-from .provenance import git_commit
+from .provenance import cpu_device, git_commit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -226,7 +226,7 @@ def main() -> int:
         rows = micro(args.seeds)
         _write(args.out_name or "router_micro.json", {
             "metric": "router_decision_p99_ms, router_predicted_hit_error_p95_pages, router_load_max_over_min",
-            "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "device": "cpu (2 cores)",
+            "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "device": cpu_device(),
             "load_average_1_5_15_before": load_before, "load_average_1_5_15_after": os.getloadavg(),
             "workload": "decision: 64 users x 5 turns (1024-token system prompt, 128-token turns), 4 replicas, "
                         "paced 500/s for 4 s; hit error: 24 users x 5 turns on 4 CacheManagers (160 pages of 16, "

@@ -19,6 +19,13 @@ import torch.nn.functional as F
 from .ref import query_group, request_spans
 
 
+def gather_kv_rows(cache: torch.Tensor, kv_slots: torch.Tensor) -> torch.Tensor:
+    """cache[kv_slots] for a 1-D int64 tensor of KV slots, as `index_select` (advanced indexing
+    is several times slower on the CPU; benchmarks/cpu_attention_bench.py swaps this function to
+    time the two)."""
+    return cache.index_select(0, kv_slots)
+
+
 def paged_attention_cpu(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -37,8 +44,8 @@ def paged_attention_cpu(
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     for start, prefix_len, extend_len, kv_slots in request_spans(req_to_token, req_rows, prefix_lens, extend_lens):
         seq_len = prefix_len + extend_len
-        k = k_cache.index_select(0, kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
-        v = v_cache.index_select(0, kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, Dv]
+        k = gather_kv_rows(k_cache, kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+        v = gather_kv_rows(v_cache, kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, Dv]
         q_b = q[start : start + extend_len].transpose(0, 1).unsqueeze(0)  # [1, Hq, L, D]
         # query i (position prefix_len + i) sees keys 0 .. prefix_len + i; one query sees them all
         mask = None if extend_len == 1 else (
