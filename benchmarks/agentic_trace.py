@@ -1,6 +1,6 @@
 """A replayed agentic trace for the cluster-wide suffix drafter (issue 14), in token ids.
 
-    python -m hybrid_serve.benchmarks.agentic_trace --sessions 24 --turns 6 --seed 0 --out benchmarks
+    python -m hybrid_serve.benchmarks.agentic_trace --sessions 24 --turns 6 --seeds 0 1 2 --out benchmarks
 
 The trace: `sessions` agent sessions of `turns` turns over one shared system prompt. Each
 turn's prompt is the session's history plus a user message and (after the first turn) the
@@ -28,10 +28,10 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import time
 from dataclasses import dataclass
 
+from hybrid_serve.benchmarks.provenance import git_commit
 from hybrid_serve.engine.spec.ngram import ngram_lookup
 from hybrid_serve.routing import SuffixIndex
 
@@ -169,7 +169,9 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--index-tokens", type=int, default=1 << 22)
-    ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)),
+                    help="the benchmarks folder: the JSON goes to OUT/results/OUT_NAME")
+    ap.add_argument("--out-name", default="suffix_draft_acceptance_agentic_trace.json")
     args = ap.parse_args()
     rows = []
     for seed in args.seeds:
@@ -177,15 +179,10 @@ def main() -> int:
                                       index_tokens=args.index_tokens)}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except OSError:
-        commit = ""
     result = {
         "metric": "suffix_draft_acceptance_agentic_trace",
         "date": time.strftime("%Y-%m-%d"),
-        "commit": commit,
+        "commit": git_commit(),
         "device": "CPU (no model: a greedy verifier that accepts the trace's own next tokens)",
         "workload": (f"benchmarks/agentic_trace.py: {args.sessions} sessions x {args.turns} turns, shared "
                      "256-token system prompt, 40 tool outputs (Zipf 1.1, half behind 3 shared headers), quoted spans "
@@ -197,7 +194,7 @@ def main() -> int:
         "rows": rows,
     }
     os.makedirs(os.path.join(args.out, "results"), exist_ok=True)
-    with open(os.path.join(args.out, "results", "suffix_draft_acceptance_agentic_trace.json"), "w") as f:
+    with open(os.path.join(args.out, "results", args.out_name), "w") as f:
         json.dump(result, f, indent=1)
     return 0
 

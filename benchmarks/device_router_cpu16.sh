@@ -17,8 +17,8 @@
 # Ray's router needs ~300 s after its ~55-s deploy (session 33: cut at RUN_TIMEOUT=345); give its part
 # RUN_TIMEOUT >= 420, and the call 600 s.
 # Users who read the reply before typing (--think-s 8 16, session 34): a later turn's TTFT is then its own
-# prefill (the issue's "prefill dominates" setting); ours and round-robin ran 84 and 91 s, so the five routers
-# fit one call as above (W with --think-s 8 16, PARALLEL=1, Ray's router in the second spec).
+# prefill (the issue's "prefill dominates" setting). The five routers fit one call as above (session 35: seeds
+# 0-2, 480-528 s a call; W with --think-s 8 16, PARALLEL=1, RUN_TIMEOUT=548, Ray's router in the second spec).
 # All five routers in one 600-s call (--deploy-first starts their apps at once, ~55 s, not ~55 s each):
 #   RUN_TIMEOUT=545 bash benchmarks/device_router_cpu16.sh "u8t6_gen128_all --users 8 --turns 6 --user-tokens 256 \
 #     --reply-tokens 128 --generate-replies --think-s 3 6 --seeds 0 --deploy-first \
