@@ -85,6 +85,10 @@ REQUEST_SUCCESS = _counter("hybrid_serve_request_success_total",
                            "Finished sequences, by finish reason (stop, length, abort, error).", ("finish_reason",))
 KV_CACHE_USAGE = _gauge("hybrid_serve_kv_cache_usage_ratio", "Fraction of KV pages in use (0..1).")
 STATE_POOL_USAGE = _gauge("hybrid_serve_state_pool_usage_ratio", "Fraction of recurrent-state slots in use (0..1).")
+KV_PREFIX_CACHED = _gauge("hybrid_serve_kv_cache_prefix_cached_ratio",
+                          "Fraction of KV pages the prefix cache holds (in use, no request's own; 0..1).")
+STATE_PREFIX_CACHED = _gauge("hybrid_serve_state_pool_prefix_cached_ratio",
+                             "Fraction of state slots the prefix cache holds as checkpoints (0..1).")
 PREFIX_CACHE_QUERIES = _counter("hybrid_serve_prefix_cache_queries_total",
                                 "Prompt tokens looked up in the prefix cache.")
 PREFIX_CACHE_HIT_TOKENS = _counter(
@@ -161,6 +165,8 @@ class EngineMetrics:
         self.success = {r: REQUEST_SUCCESS.labels(*lv, r) for r in FINISH_REASONS}
         self.kv_usage = KV_CACHE_USAGE.labels(*lv)
         self.state_usage = STATE_POOL_USAGE.labels(*lv)
+        self.kv_prefix_cached = KV_PREFIX_CACHED.labels(*lv)
+        self.state_prefix_cached = STATE_PREFIX_CACHED.labels(*lv)
         self.prefix_queries = PREFIX_CACHE_QUERIES.labels(*lv)
         self.prefix_hits = {k: PREFIX_CACHE_HIT_TOKENS.labels(*lv, k) for k in PREFIX_CACHE_KINDS}
         self.preemptions = PREEMPTIONS.labels(*lv)

@@ -43,7 +43,8 @@ def run_conversations(llm, seed: int, conversations: int = 8, turns: int = 5, sy
 
     engine = llm.engine
     rng = random.Random(seed)
-    vocab = min(4000, int(engine.hf_config.vocab_size))  # (the 30M model's: 4000, as measured)
+    # 4000 for the 30M model, as in the recorded runs; a test model's vocabulary may be smaller
+    vocab = min(4000, int(engine.hf_config.vocab_size))
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(n)]

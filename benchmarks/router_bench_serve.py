@@ -32,6 +32,7 @@ import urllib.request
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
+from .provenance import cpu_device
 from .router_bench import _percentile, multi_turn
 from .router_bench_figures import (
     decision_reasons, decision_time, metrics_text, replica_split, replica_sums, router_metrics,
@@ -251,7 +252,7 @@ def _recovery(results: list[dict], started: float, killed: dict) -> dict:
 
 def _device_name(device: str) -> str:
     if device == "cpu":
-        return f"cpu ({os.cpu_count()} cores)"
+        return cpu_device()
     import torch
 
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"

@@ -143,9 +143,13 @@ PER_REPLICA = [
             (f"sum by (replica) (hybrid_serve_requests_running{{{SEL}}})", "running {{replica}}"),
             (f"sum by (replica) (hybrid_serve_requests_waiting{{{SEL}}})", "waiting {{replica}}")]),
         Panel("KV pool usage by replica", [
-            (f"hybrid_serve_kv_cache_usage_ratio{{{SEL}}}", "{{replica}}")], "percentunit", max=1.0),
+            (f"hybrid_serve_kv_cache_usage_ratio{{{SEL}}}", "{{replica}}"),
+            (f"hybrid_serve_kv_cache_prefix_cached_ratio{{{SEL}}}", "prefix cache {{replica}}")],
+              "percentunit", max=1.0),
         Panel("State pool usage by replica", [
-            (f"hybrid_serve_state_pool_usage_ratio{{{SEL}}}", "{{replica}}")], "percentunit", max=1.0),
+            (f"hybrid_serve_state_pool_usage_ratio{{{SEL}}}", "{{replica}}"),
+            (f"hybrid_serve_state_pool_prefix_cached_ratio{{{SEL}}}", "prefix cache {{replica}}")],
+              "percentunit", max=1.0),
         Panel("Prefix hit ratio by replica", [
             (_ratio(f'{PREFIX_HITS}{{{SEL},cache="checkpoint"}}', PREFIX_QUERIES, "replica"), "{{replica}}")],
               "percentunit", max=1.0),

@@ -346,6 +346,8 @@ class AsyncLLMEngine:
             m.waiting.set(view.num_waiting)
         m.kv_usage.set(report.stats.get("kv_cache_usage_ratio", 0.0))
         m.state_usage.set(report.stats.get("state_pool_usage_ratio", 0.0))
+        m.kv_prefix_cached.set(report.stats.get("kv_cache_prefix_cached_ratio", 0.0))
+        m.state_prefix_cached.set(report.stats.get("state_pool_prefix_cached_ratio", 0.0))
         counters = engine_counters(report.stats)
         if self._counters is not None:
             m.add_counters({k: max(0, counters[k] - self._counters.get(k, 0)) for k in counters})

@@ -358,8 +358,12 @@ class CacheManager:
 
     # ----- checks ----------------------------------------------------------------------
     def usage(self) -> dict[str, float]:
+        """Fractions of the pools in use, and of those the prefix cache's alone (what no request
+        holds: at idle, usage == prefix cached, else a request leaked)."""
         return {"kv_cache_usage_ratio": self.pages.num_used / self.pages.num_ids,
-                "state_pool_usage_ratio": self.state_slots.num_used / self.state_slots.num_ids}
+                "state_pool_usage_ratio": self.state_slots.num_used / self.state_slots.num_ids,
+                "kv_cache_prefix_cached_ratio": self.tree.num_pages / self.pages.num_ids,
+                "state_pool_prefix_cached_ratio": self.tree.num_state_slots / self.state_slots.num_ids}
 
     def check_integrity(self, full: bool = True) -> None:
         """Every allocator and the tree agree with themselves, and used == held by the

@@ -25,7 +25,8 @@ REQUIRED = [
     "hybrid_serve_e2e_request_latency_seconds", "hybrid_serve_queue_time_seconds",
     "hybrid_serve_prompt_tokens_total", "hybrid_serve_generation_tokens_total", "hybrid_serve_requests_running",
     "hybrid_serve_requests_waiting", "hybrid_serve_request_success_total", "hybrid_serve_kv_cache_usage_ratio",
-    "hybrid_serve_state_pool_usage_ratio", "hybrid_serve_prefix_cache_queries_total",
+    "hybrid_serve_state_pool_usage_ratio", "hybrid_serve_kv_cache_prefix_cached_ratio",
+    "hybrid_serve_state_pool_prefix_cached_ratio", "hybrid_serve_prefix_cache_queries_total",
     "hybrid_serve_prefix_cache_hit_tokens_total", "hybrid_serve_preemptions_total",
     "hybrid_serve_router_decisions_total",
 ]

@@ -154,6 +154,30 @@ def test_idle_invariant_violation_is_logged_counted_and_serving_goes_on(model_di
     assert llm.engine.stats()["invariant_violations"] == 1
 
 
+def test_stats_tell_the_prefix_caches_share_of_the_pools_from_the_requests(model_dir):
+    """`kv_cache_usage_ratio - kv_cache_prefix_cached_ratio` (and the state pool's) is what
+    requests hold: > 0 while one runs, 0 at idle, and a leaked page shows as one page (what
+    benchmarks/reliability.py disconnects checks through /metrics)."""
+    llm = LLM(model=model_dir, dtype="float32", max_num_seqs=2)
+    engine, cache = llm.engine, llm.engine.cache
+
+    def held_by_requests() -> tuple[int, int]:
+        s = engine.stats()
+        return (round(cache.pages.num_ids * (s["kv_cache_usage_ratio"] - s["kv_cache_prefix_cached_ratio"])),
+                round(cache.state_slots.num_ids * (s["state_pool_usage_ratio"] - s["state_pool_prefix_cached_ratio"])))
+
+    engine.add_request("a", _prompts(1)[0], GREEDY)
+    engine.step()
+    pages, slots = held_by_requests()
+    assert pages > 0 and slots >= 1
+    while engine.has_unfinished():
+        engine.step()
+    assert held_by_requests() == (0, 0)
+    assert engine.stats()["kv_cache_prefix_cached_ratio"] > 0  # the finished prompt stays cached
+    leaked = cache.pages.alloc(1)
+    assert held_by_requests() == (1, 0)
+    cache.pages.free(leaked)
+
 def test_top_level_qwen3_5_config_serves_its_text_model(tmp_path):
     """A hand-written top-level Qwen3_5Config naming the text architecture: the text fields
     live in its text_config, which is what gets served; a config lacking a field the
