@@ -28,9 +28,11 @@ from hybrid_serve.demo import DEMO_DIR
 from hybrid_serve.demo.corpus import heldout_prompts
 
 
-def run_ours(model_dir: str, device: str, dtype: str, kernels: str, prompts, tokens: int, graphs: bool):
+def run_ours(model_dir: str, device: str, dtype: str, kernels: str, prompts, tokens: int, graphs: bool,
+             memory_fraction: float = 0.85):
     os.environ["HYBRID_SERVE_KERNELS"] = kernels
     llm = LLM(model=model_dir, device=device, dtype=dtype, max_num_seqs=64, enable_prefix_caching=False,
+              gpu_memory_utilization=memory_fraction,
               enable_cuda_graphs=graphs, max_model_len=1024, max_num_batched_tokens=4096, chunked_prefill_size=1024)
     captured: dict[str, list[torch.Tensor]] = {}
     llm.engine.logits_hook = lambda reqs, logits: [
@@ -108,6 +110,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fp32-triton", action="store_true", help="also run our Triton kernels in fp32")
     ap.add_argument("--bf16-ref", action="store_true", help="also run the kernels' reference ops in bf16")
+    ap.add_argument("--ours-only", action="store_true", help="leave transformers' runs out (a quick screen)")
+    ap.add_argument("--subset", type=int, default=None,
+                    help="also report the first N prompts alone (heldout_prompts(N, seed) are the first N of a larger set)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                    help="our engine's share of the free GPU memory (lower when several screens share a GPU)")
+    ap.add_argument("--out-name", default="bf16_agreement_trained_demo.json", help="the JSON's file name under $OUT")
     args = ap.parse_args()
     from hybrid_serve.engine.tokenizer import load_tokenizer
 
@@ -116,22 +124,32 @@ def main() -> None:
     prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
     cuda = args.device.startswith("cuda")
     runs = {
-        "ours_fp32_ref": run_ours(args.model, args.device, "float32", "ref", prompts, args.tokens, False),
-        "ours_bf16": run_ours(args.model, args.device, "bfloat16", "auto", prompts, args.tokens, cuda),
-        "transformers_fp32": run_transformers(args.model, args.device, torch.float32, prompts, args.tokens),
-        "transformers_bf16": run_transformers(args.model, args.device, torch.bfloat16, prompts, args.tokens),
+        "ours_fp32_ref": run_ours(args.model, args.device, "float32", "ref", prompts, args.tokens, False,
+                                  args.gpu_memory_utilization),
+        "ours_bf16": run_ours(args.model, args.device, "bfloat16", "auto", prompts, args.tokens, cuda,
+                              args.gpu_memory_utilization),
     }
+    if not args.ours_only:
+        runs["transformers_fp32"] = run_transformers(args.model, args.device, torch.float32, prompts, args.tokens)
+        runs["transformers_bf16"] = run_transformers(args.model, args.device, torch.bfloat16, prompts, args.tokens)
     if args.fp32_triton:
-        runs["ours_fp32"] = run_ours(args.model, args.device, "float32", "auto", prompts, args.tokens, cuda)
+        runs["ours_fp32"] = run_ours(args.model, args.device, "float32", "auto", prompts, args.tokens, cuda,
+                                   args.gpu_memory_utilization)
     if args.bf16_ref:
-        runs["ours_bf16_ref"] = run_ours(args.model, args.device, "bfloat16", "ref", prompts, args.tokens, False)
+        runs["ours_bf16_ref"] = run_ours(args.model, args.device, "bfloat16", "ref", prompts, args.tokens, False,
+                                       args.gpu_memory_utilization)
     pairs = {"ours bf16 vs ours fp32 ref": ("ours_fp32_ref", "ours_bf16"),
              "ours fp32 Triton vs ours fp32 ref": ("ours_fp32_ref", "ours_fp32"),
              "ours bf16 ref ops vs ours fp32 ref": ("ours_fp32_ref", "ours_bf16_ref"),
              "transformers bf16 vs transformers fp32": ("transformers_fp32", "transformers_bf16"),
              "ours fp32 ref vs transformers fp32": ("transformers_fp32", "ours_fp32_ref")}
-    rows = {name: compare(*runs[a][:2], *runs[b][:2]) for name, (a, b) in pairs.items() if b in runs}
-    ours = rows["ours bf16 vs ours fp32 ref"]
+    rows = {name: compare(*runs[a][:2], *runs[b][:2]) for name, (a, b) in pairs.items() if a in runs and b in runs}
+    subset_rows = {}
+    if args.subset and args.subset < len(prompts):
+        k = args.subset
+        subset_rows = {name: compare(runs[a][0][:k], runs[a][1][:k], runs[b][0][:k], runs[b][1][:k])
+                       for name, (a, b) in pairs.items() if a in runs and b in runs}
+    ours = (subset_rows or rows)["ours bf16 vs ours fp32 ref"]  # the acceptance set: the first --subset prompts
     try:
         import fla  # noqa: F401
 
@@ -145,17 +163,22 @@ def main() -> None:
                     f"tokens) x {args.tokens} greedy tokens, trained demo model",
         "pass": ours["prompts_first16_agree"] >= 0.95 and ours["mean_kl"] < 1e-2,
         "rows": rows, "fp32_near_ties": near_ties(*runs["ours_fp32_ref"][:2]),
+        **({f"rows_first_{args.subset}_prompts": subset_rows,
+            f"fp32_near_ties_first_{args.subset}_prompts": near_ties(runs["ours_fp32_ref"][0][:args.subset],
+                                                                     runs["ours_fp32_ref"][1][:args.subset])}
+           if subset_rows else {}),
         "seconds": {k: v[2] for k, v in runs.items()}, "fla_importable": fla_loaded,
         "sample": {"prompt": texts[0], "ours_bf16": tok.decode(runs["ours_bf16"][0][0])},
     }
     out_dir = os.environ.get("OUT", "./bench_out")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "bf16_agreement_trained_demo.json"), "w") as f:
+    with open(os.path.join(out_dir, args.out_name), "w") as f:
         json.dump(result, f, indent=1)
     print(f"{'pair':42} {'16 equal':>9} {'32 equal':>9} {'tokens':>7} {'mean KL':>9}  margins at divergence (16)")
-    for name, r in rows.items():
-        print(f"{name:42} {r['prompts_first16_agree']:9.1%} {r['prompts_all_agree']:9.1%} {r['tokens_agree']:7.1%} "
-              f"{r['mean_kl']:9.2e}  {r['first16_divergence_margins_nats']}")
+    for label, table in ((f"{len(prompts)} prompts", rows), (f"first {args.subset}", subset_rows)):
+        for name, r in table.items():
+            print(f"{label + ': ' + name:42} {r['prompts_first16_agree']:9.1%} {r['prompts_all_agree']:9.1%} "
+                  f"{r['tokens_agree']:7.1%} {r['mean_kl']:9.2e}  {r['first16_divergence_margins_nats']}")
     print("fp32 near ties:", json.dumps(result["fp32_near_ties"]))
     print("pass" if result["pass"] else "FAIL", json.dumps(result["seconds"]))
 

@@ -123,6 +123,8 @@ def forward_losses(model, mtp, window: torch.Tensor) -> dict[str, torch.Tensor]:
     for head, lg, target in (("main", logits, nxt), ("mtp", mtp_logits, far)):
         out[f"{head}_nll"] = F.cross_entropy(lg.flatten(0, 1), target.flatten(), reduction="sum")
         out[f"{head}_hits"] = (lg.argmax(-1) == target).sum()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    out["main_entropy"] = -(log_probs.exp() * log_probs).sum()  # nats, summed over positions
     out["tokens"] = torch.tensor(b * t)
     return out
 
@@ -147,7 +149,8 @@ def evaluate(model, mtp, ids: torch.Tensor, seq_len: int, batch: int, max_window
     tokens = totals["tokens"]
     return {"tokens": int(tokens), "perplexity": math.exp(totals["main_nll"] / tokens),
             "loss": totals["main_nll"] / tokens, "top1": totals["main_hits"] / tokens,
-            "mtp_loss": totals["mtp_nll"] / tokens, "mtp_top1": totals["mtp_hits"] / tokens}
+            "mtp_loss": totals["mtp_nll"] / tokens, "mtp_top1": totals["mtp_hits"] / tokens,
+            "entropy": totals["main_entropy"] / tokens}
 
 
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
@@ -189,7 +192,10 @@ def train_step(model, mtp, opt, params, window: torch.Tensor, lr: float, args) -
         out = forward_losses(model, mtp, window)
     tokens = window.shape[0] * (window.shape[1] - 2)
     loss_main, loss_mtp = out["main_nll"] / tokens, out["mtp_nll"] / tokens
-    (loss_main + args.mtp_weight * loss_mtp).backward()
+    loss = loss_main + args.mtp_weight * loss_mtp
+    if args.entropy_weight:
+        loss = loss + args.entropy_weight * out["main_entropy"] / tokens
+    loss.backward()
     torch.nn.utils.clip_grad_norm_(params, args.clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -305,6 +311,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0, help="gradient norm clip")
     ap.add_argument("--mtp-weight", type=float, default=0.3, help="weight of the MTP loss beside the main loss")
+    ap.add_argument("--entropy-weight", type=float, default=0.0,
+                    help="weight of the main head's mean next-token entropy added to the loss (sharper distributions; "
+                         "0 for the shipped demo)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--eval-every", type=int, default=200, help="held-out loss every N steps (0: only at the end)")

@@ -1,7 +1,7 @@
 """The shipped demo checkpoint: transformers and hybrid-serve load it to the same logits, greedy
 decoding writes Python-looking code, the MTP layer's weights are in Qwen3-Next's names and
 predict two tokens ahead, and demo/train.py writes a directory both loaders read."""
-import ast
+import copy
 import importlib.util
 
 import pytest
@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 from hybrid_serve import LLM, SamplingParams
 from hybrid_serve.demo import DEMO_DIR
+from hybrid_serve.demo.quality import fibonacci_problems
 
 transformers = pytest.importorskip("transformers")
 
@@ -71,11 +72,15 @@ def test_greedy_fibonacci_is_deterministic_python(demo_llm):
     first = demo_llm.generate([PROMPT], params)[0].outputs[0]
     batched = demo_llm.generate(["import sys\n", PROMPT], params)[1].outputs[0]
     assert first.token_ids == batched.token_ids and first.finish_reason == "length"
-    text = PROMPT + first.text
-    assert first.text.startswith("\n    "), repr(first.text)  # the body is indented under the def
-    complete = text[: text.rindex("\n")]  # drop the line the 32 tokens cut short
-    ast.parse(complete)  # what came out so far is valid Python
-    assert complete.count("\n") >= 3, repr(text)
+    # an indented body, complete lines that parse, at least three of them, no degenerate loop
+    assert fibonacci_problems(first.text, PROMPT) == [], repr(first.text)
+
+
+def test_the_demo_text_rule_refuses_what_a_new_user_should_not_see():
+    assert fibonacci_problems('\n    """Find the fib."""\n    if n == 0:\n        return 0\n    else:\n        return 1\n    ret') == []
+    assert fibonacci_problems(" pass\n        self.assertEqual(f.f.f.f") != []  # no indented body
+    assert fibonacci_problems('\n    """\n    A fibonaccicial fibonaccicial\n        f') != []  # does not parse
+    assert fibonacci_problems("\n    x = 1\n    x = 1\n    x = 1\n    x = 1\n    x = 1\n    x") != []  # a loop
 
 
 def test_mtp_weights_in_qwen3_next_names_predict_two_ahead(hf_model):
@@ -125,3 +130,23 @@ def test_train_script_writes_a_directory_both_loaders_read(tmp_path):
     with torch.no_grad():  # greedy: each generated token is transformers' argmax after the ones before it
         ref = hf(torch.tensor([prompt + list(out.token_ids)])).logits[0, len(prompt) - 1:-1].argmax(-1)
     assert ref.tolist() == list(out.token_ids)
+
+
+def test_train_losses_report_the_main_heads_entropy_and_the_option_adds_it_to_the_loss():
+    from hybrid_serve.demo import train
+
+    torch.manual_seed(0)
+    model, mtp = train.build({**train.MODEL_CONFIG, **train.TINY_OVERRIDES}, "cpu")
+    window = torch.randint(0, 4096, (2, 18))
+    out = train.forward_losses(model, mtp, window)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(window[:, :-2]).logits.float(), -1)
+    assert torch.allclose(out["main_entropy"], -(logp.exp() * logp).sum(), rtol=1e-4)
+    after = {}
+    for weight in (0.0, 0.5):  # one optimizer step from the same weights, with and without the term
+        m, h = copy.deepcopy(model), copy.deepcopy(mtp)
+        params = list(m.parameters()) + list(h.parameters())
+        args = train.parse_args(["--out", "x", "--entropy-weight", str(weight)])
+        train.train_step(m, h, train.optimizer(m, h, 1e-3, 0.0, fused=False), params, window, 1e-3, args)
+        after[weight] = torch.cat([p.detach().flatten() for p in m.parameters()])
+    assert not torch.equal(after[0.0], after[0.5])  # the entropy term reaches the weights
