@@ -109,9 +109,10 @@ def build(config_dict: dict, device: str):
     return model, MTPHead(model.config).to(device)
 
 
-def forward_losses(model, mtp, window: torch.Tensor) -> dict[str, torch.Tensor]:
+def forward_losses(model, mtp, window: torch.Tensor, entropy_grad: bool = False) -> dict[str, torch.Tensor]:
     """window: [B, T+2] token ids. Main: tokens 0..T-1 predict 1..T; MTP: (h_t, token t+1)
-    predicts t+2. Returns summed NLLs, top-1 hits and the token count of each head."""
+    predicts t+2. Returns summed NLLs, top-1 hits and the token count of each head, and the
+    main head's summed entropy (with a gradient only when ``entropy_grad``: it is in the loss)."""
     ids, nxt, far = window[:, :-2], window[:, 1:-1], window[:, 2:]
     b, t = ids.shape
     hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state  # [B, T, H]
@@ -123,8 +124,9 @@ def forward_losses(model, mtp, window: torch.Tensor) -> dict[str, torch.Tensor]:
     for head, lg, target in (("main", logits, nxt), ("mtp", mtp_logits, far)):
         out[f"{head}_nll"] = F.cross_entropy(lg.flatten(0, 1), target.flatten(), reduction="sum")
         out[f"{head}_hits"] = (lg.argmax(-1) == target).sum()
-    log_probs = torch.log_softmax(logits, dim=-1)
-    out["main_entropy"] = -(log_probs.exp() * log_probs).sum()  # nats, summed over positions
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        log_probs = torch.log_softmax(logits if entropy_grad else logits.detach(), dim=-1)
+        out["main_entropy"] = -(log_probs.exp() * log_probs).sum()  # nats, summed over positions
     out["tokens"] = torch.tensor(b * t)
     return out
 
@@ -189,7 +191,7 @@ def train_step(model, mtp, opt, params, window: torch.Tensor, lr: float, args) -
     for group in opt.param_groups:
         group["lr"] = lr
     with torch.autocast(window.device.type, dtype=torch.bfloat16, enabled=window.is_cuda):
-        out = forward_losses(model, mtp, window)
+        out = forward_losses(model, mtp, window, entropy_grad=bool(args.entropy_weight))
     tokens = window.shape[0] * (window.shape[1] - 2)
     loss_main, loss_mtp = out["main_nll"] / tokens, out["mtp_nll"] / tokens
     loss = loss_main + args.mtp_weight * loss_mtp

@@ -142,6 +142,8 @@ def test_train_losses_report_the_main_heads_entropy_and_the_option_adds_it_to_th
     with torch.no_grad():
         logp = torch.log_softmax(model(window[:, :-2]).logits.float(), -1)
     assert torch.allclose(out["main_entropy"], -(logp.exp() * logp).sum(), rtol=1e-4)
+    assert not out["main_entropy"].requires_grad  # reported only, unless it is in the loss
+    assert train.forward_losses(model, mtp, window, entropy_grad=True)["main_entropy"].requires_grad
     after = {}
     for weight in (0.0, 0.5):  # one optimizer step from the same weights, with and without the term
         m, h = copy.deepcopy(model), copy.deepcopy(mtp)
