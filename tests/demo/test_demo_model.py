@@ -84,7 +84,7 @@ def test_the_demo_text_rule_refuses_what_a_new_user_should_not_see():
 
 
 def test_mtp_weights_in_qwen3_next_names_predict_two_ahead(hf_model):
-    from hybrid_serve.demo.train import MTPHead
+    from hybrid_serve.demo.model import MTPHead
 
     with safe_open(f"{DEMO_DIR}/model.safetensors", framework="pt") as f:
         names = list(f.keys())
@@ -133,10 +133,11 @@ def test_train_script_writes_a_directory_both_loaders_read(tmp_path):
 
 
 def test_train_losses_report_the_main_heads_entropy_and_the_option_adds_it_to_the_loss():
+    from hybrid_serve.demo import model as demo_model
     from hybrid_serve.demo import train
 
     torch.manual_seed(0)
-    model, mtp = train.build({**train.MODEL_CONFIG, **train.TINY_OVERRIDES}, "cpu")
+    model, mtp = demo_model.build({**demo_model.MODEL_CONFIG, **demo_model.TINY_OVERRIDES}, "cpu")
     window = torch.randint(0, 4096, (2, 18))
     out = train.forward_losses(model, mtp, window)
     with torch.no_grad():
