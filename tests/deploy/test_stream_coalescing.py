@@ -351,7 +351,10 @@ def test_a_paced_stream_wakes_its_consumer_only_when_a_message_is_due():
     finally:
         engine.shutdown()
     times, deltas = zip(*got)
-    assert len(deltas[0].seqs[0].token_ids) == 1 and deltas[-1].finished
+    # The first token goes at once, not held for the gap (which would gather ~15 tokens); a
+    # loaded machine may let the 2 ms engine make one or two more before the consumer wakes.
+    first_ids = deltas[0].seqs[0].token_ids
+    assert first_ids[0] == 100 and len(first_ids) <= 5 and deltas[-1].finished
     assert all(b - a >= 0.03 for a, b in zip(times[:-2], times[1:-1]))  # the last may follow its previous at once
     assert len(deltas) <= (times[-1] - times[0]) / 0.03 + 2
     _check_whole(list(deltas), 40)
