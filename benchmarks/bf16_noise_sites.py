@@ -58,16 +58,23 @@ SITES = {
 }
 
 
-def mean_kl(model, prompts, ref, rules) -> float:
+def perturb_at(model, rules, perturb=_round) -> list:
+    """Hooks that apply ``perturb`` (a tensor -> tensor; default: round to bf16 and back) at the
+    sites ``rules`` pick (a SITES value); returns their handles, for the caller to remove."""
     hooks = []
     for name, module in model.named_modules():
         for where, pick in rules:
             if pick(name, module):
                 if where == "out":
                     hooks.append(module.register_forward_hook(
-                        lambda mod, args, out: tuple(map(_round, out)) if isinstance(out, tuple) else _round(out)))
+                        lambda mod, args, out: tuple(map(perturb, out)) if isinstance(out, tuple) else perturb(out)))
                 else:
-                    hooks.append(module.register_forward_pre_hook(lambda mod, args: tuple(map(_round, args))))
+                    hooks.append(module.register_forward_pre_hook(lambda mod, args: tuple(map(perturb, args))))
+    return hooks
+
+
+def mean_kl(model, prompts, ref, rules) -> float:
+    hooks = perturb_at(model, rules)
     try:
         kls = []
         with torch.no_grad():
