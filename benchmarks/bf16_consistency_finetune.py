@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
         ev = demo_train.evaluate(model, mtp, heldout_ids, 512, 8, max_windows=64)
         return {"heldout_perplexity": ev["perplexity"], "heldout_mtp_top1": ev["mtp_top1"],
                 "noise_kl_all_sites": noise_kl(model, prompts),
-                "weight_norm": math.sqrt(sum(float((p.float() ** 2).sum()) for p in model.parameters()))}
+                "weight_norm": math.sqrt(sum(float((p.detach().float() ** 2).sum()) for p in model.parameters()))}
 
     before = snapshot()
     print("before", json.dumps(before), flush=True)
