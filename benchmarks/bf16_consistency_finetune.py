@@ -53,26 +53,6 @@ def consistency_kl(model, ids: torch.Tensor, amp: float) -> torch.Tensor:
     return (ref.exp() * (ref - noisy)).sum(-1).mean()
 
 
-def load_checkpoint(model_dir: str, device: str):
-    """(main model, MTP head) in fp32 from a demo-layout directory (demo/model.py's config)."""
-    from safetensors.torch import load_file
-
-    from hybrid_serve.demo.model import build
-
-    with open(os.path.join(model_dir, "config.json")) as f:
-        config = json.load(f)
-    model, mtp = build(config, device)
-    tensors = load_file(os.path.join(model_dir, "model.safetensors"))
-    main = {k: v.float() for k, v in tensors.items() if not k.startswith("mtp.")}
-    if config.get("tie_word_embeddings"):
-        main["lm_head.weight"] = main["model.embed_tokens.weight"]
-    model.load_state_dict(main, strict=True)
-    mtp.load_state_dict({k[len("mtp."):]: v.float() for k, v in tensors.items() if k.startswith("mtp.")}, strict=True)
-    if config.get("tie_word_embeddings"):
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(device), mtp.to(device), config
-
-
 def noise_kl(model, prompts) -> float:
     model.eval()
     with torch.no_grad():
@@ -86,6 +66,7 @@ def main(argv=None) -> dict:
     from hybrid_serve.demo import DEMO_DIR, corpus
     from hybrid_serve.demo import train as demo_train
     from hybrid_serve.demo.corpus import heldout_prompts
+    from hybrid_serve.demo.model import load
     from hybrid_serve.demo.quality import check
     from hybrid_serve.engine.tokenizer import load_tokenizer
 
@@ -109,7 +90,10 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    model, mtp, config = load_checkpoint(args.init, args.device)
+    model, mtp = load(args.init, args.device)
+    model.train()  # from_pretrained gives eval mode
+    with open(os.path.join(args.init, "config.json")) as f:
+        config = json.load(f)  # written back as it was
     train_ids, heldout_ids, _ = corpus.read_tokens(args.corpus)
     train_ids = torch.as_tensor(train_ids, dtype=torch.long, device=device)
     heldout_ids = torch.as_tensor(heldout_ids, dtype=torch.long, device=device)
@@ -143,7 +127,7 @@ def main(argv=None) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        log.append({"step": step + 1, "loss": float(out["main_nll"] / tokens), "kl_amp": float(kl.detach())})
+        log.append({"step": step + 1, "loss": float(out["main_nll"].detach() / tokens), "kl_amp": float(kl.detach())})
         if (step + 1) % 10 == 0:
             print(f"step {step + 1} loss {log[-1]['loss']:.3f} kl(amp {args.amp}) {log[-1]['kl_amp']:.2e} "
                   f"{time.perf_counter() - start:.0f}s", flush=True)

@@ -74,3 +74,16 @@ def build(config_dict: dict, device: str):
     config._attn_implementation = "sdpa"
     model = Qwen3_5ForCausalLM(config).to(device)
     return model, MTPHead(model.config).to(device)
+
+
+def load(model_dir: str, device: str = "cpu"):
+    """(main model, MTP head), fp32, from a directory ``train.save`` wrote: the main model through
+    transformers (its LM head tied to the embeddings), the MTP layer from the ``mtp.*`` tensors."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    tensors = load_file(f"{model_dir}/model.safetensors")
+    mtp = MTPHead(model.config)
+    mtp.load_state_dict({k[len("mtp."):]: v.float() for k, v in tensors.items() if k.startswith("mtp.")}, strict=True)
+    return model, mtp.to(device)

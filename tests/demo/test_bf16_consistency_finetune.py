@@ -1,29 +1,33 @@
-"""benchmarks/bf16_consistency_finetune.py: its loader gives transformers' model, and its
-consistency term is the bf16 noise KL at amp 1, zero at amp 0, and has a gradient."""
+"""benchmarks/bf16_consistency_finetune.py over demo/model.load (the checkpoint's MTP layer
+loaded, the LM head tied): its consistency term is the bf16 noise KL at amp 1, zero at amp 0,
+and has a gradient."""
 import pytest
 import torch
+from safetensors import safe_open
 
 transformers = pytest.importorskip("transformers")
 
 
 def test_the_consistency_term_is_the_noise_kl_and_trains():
-    from hybrid_serve.benchmarks.bf16_consistency_finetune import ALL_SITES, consistency_kl, load_checkpoint
+    from hybrid_serve.benchmarks.bf16_consistency_finetune import ALL_SITES, consistency_kl
     from hybrid_serve.benchmarks.bf16_noise_sites import mean_kl
     from hybrid_serve.demo import DEMO_DIR
+    from hybrid_serve.demo.model import load
     from hybrid_serve.engine.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
-    model, mtp, _ = load_checkpoint(DEMO_DIR, "cpu")
-    assert model.lm_head.weight is model.model.embed_tokens.weight
+    model, mtp = load(DEMO_DIR, "cpu")  # demo/model.load: the main model through transformers, and the MTP layer
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: one tensor trains
+    with safe_open(f"{DEMO_DIR}/model.safetensors", framework="pt") as f:
+        for name, p in mtp.state_dict().items():
+            torch.testing.assert_close(p, f.get_tensor(f"mtp.{name}").float(), rtol=0, atol=0)
     ids = torch.tensor([load_tokenizer(DEMO_DIR).encode("def add(a, b):\n    return a + b\n", add_special_tokens=False)])
-    reference = transformers.AutoModelForCausalLM.from_pretrained(DEMO_DIR, dtype=torch.float32).eval()
     model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=0, atol=0)
-        ref = [reference(ids).logits.float().log_softmax(-1)]
+        ref = [model(ids).logits.float().log_softmax(-1)]
     assert float(consistency_kl(model, ids, 0.0).detach()) == 0.0
     kl1 = consistency_kl(model, ids, 1.0).detach()
-    torch.testing.assert_close(float(kl1), mean_kl(reference, [ids], ref, ALL_SITES), rtol=1e-3, atol=1e-9)
+    torch.testing.assert_close(float(kl1), mean_kl(model, [ids], ref, ALL_SITES), rtol=1e-3, atol=1e-9)
     kl4 = consistency_kl(model, ids, 4.0)
     assert float(kl4.detach()) > 4 * float(kl1) > 0  # about quadratic in the perturbation
     kl4.backward()

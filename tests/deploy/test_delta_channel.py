@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_stream_coalescing import WORDS, StepEngine, paced_engine
+from stream_fakes import WORDS, StepEngine, paced_engine
 
 from hybrid_serve.deploy.config import AppConfig
 from hybrid_serve.deploy.delta_channel import ChannelAddress, ChannelClient, ChannelLost, ChannelServer
