@@ -27,7 +27,7 @@ from .config import AppConfig
 from .delta_channel import ChannelClient, ChannelLost, ChannelUnreachable
 from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large,
                      unauthorized, unavailable)
-from .metrics_hub import MetricsPusher, get_hub
+from .metrics_hub import HubReader, MetricsPusher, get_hub
 from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList, UnsupportedField
 from .server import GenerateRequest, Started
 from .serving import OpenAIServing
@@ -365,16 +365,12 @@ class OpenAIIngress:
         self.serving = OpenAIServing(config, ServeBackend(llm_server, channels), tokenizer, ingress_metrics)
         self.hub = get_hub(ctx.app_name)
         self.source = f"ingress:{self.replica}"
+        self.hub_reader = HubReader(self.hub, self.source)
         self.pusher = MetricsPusher(self.hub, self.source, config.metrics_push_interval_s)
         self.pusher.start()
 
     async def _metrics(self) -> bytes:
-        try:
-            others = await asyncio.wait_for(self.hub.collect.remote(exclude=self.source), timeout=5)
-        except Exception:  # noqa: BLE001 - still show this process's own metrics
-            logger.warning("metrics hub unreachable", exc_info=True)
-            others = []
-        return metrics.render([metrics.snapshot()] + others)
+        return metrics.render([metrics.snapshot()] + await self.hub_reader.collect())
 
     def __serve_build_asgi_app__(self):
         return create_app(self.serving, self._metrics)

@@ -66,6 +66,51 @@ def test_metrics_merge_sums_a_series_several_ingresses_report():
     assert abs(values[("hybrid_serve_router_decision_seconds_sum", None)] - 0.035) < 1e-9
 
 
+class _Hub:
+    """The hub actor's `collect.remote`, answering from `answers` in turn: a collection, an
+    exception to raise, or "hang" (never answers)."""
+
+    def __init__(self, *answers) -> None:
+        self.answers, self.excluded = list(answers), []
+        self.collect = self
+
+    def remote(self, exclude=None):
+        self.excluded.append(exclude)
+        answer = self.answers.pop(0)
+
+        async def reply():
+            if answer == "hang":
+                await asyncio.sleep(3600)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        return reply()
+
+
+def test_a_scrape_the_hub_cannot_answer_serves_the_last_collection_while_fresh(caplog):
+    """An ingress's /metrics when the hub fails or hangs: the last collection (the engine
+    replicas' series stay in Prometheus), not this process's metrics alone, and only while
+    younger than the ttl; a warning says which."""
+    from hybrid_serve.deploy.metrics_hub import HubReader
+
+    first, second = [["engine-a"], ["engine-b"]], [["engine-a2"]]
+    hub = _Hub(first, RuntimeError("hub restarting"), "hang", second, RuntimeError("gone"), RuntimeError("gone"))
+    reader = HubReader(hub, "ingress:x", timeout_s=0.05, ttl_s=0.5)
+
+    async def scrapes():
+        got = [await reader.collect() for _ in range(5)]
+        await asyncio.sleep(0.6)  # the last collection is now older than the ttl
+        return got + [await reader.collect()]
+
+    with caplog.at_level("WARNING", logger="hybrid_serve.deploy.metrics_hub"):
+        got = asyncio.run(scrapes())
+    assert got == [first, first, first, second, second, []]
+    assert hub.excluded == ["ingress:x"] * 6  # its own snapshot comes from its process, not the hub
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings.count("metrics hub unreachable; serving its last collection") == 3
+    assert warnings[-1] == "metrics hub unreachable; serving this process's metrics only"
+
+
 def test_finished_requests_feed_the_suffix_index(tokenizer):
     """Speculative method "suffix": each finished request's prompt and output ids go to the
     replica's suffix feed (then, batched, to the Router actor's cluster-wide index)."""
