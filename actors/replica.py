@@ -55,6 +55,11 @@ class ReplicaEngine:
                 .remote(config, r, tp_size)
                 for r in range(1, tp_size)
             ]
+            try:
+                _wait_started(self.workers, WORKER_START_TIMEOUT_S)
+            except Exception:
+                self.shutdown()
+                raise
             addr = ray.util.get_node_ip_address()
             self._store = create_tp_store(addr, tp_size)
             self.channel = ShmChannel(None, tp_size - 1)  # the ranks share a node (STRICT_PACK)
@@ -208,6 +213,22 @@ class ReplicaActor:
 
     def shutdown(self) -> None:
         self.replica.shutdown()
+
+
+WORKER_START_TIMEOUT_S = 300.0
+
+
+def _wait_started(workers, timeout_s: float) -> None:
+    """Until every shard worker's process is up (its constructor has run): a new Ray worker
+    on a busy node can take over a minute to start and import torch, which the rendezvous
+    that follows (60 s, create_tp_store) must not have to cover; a worker whose constructor
+    failed raises its error here at once, not a rendezvous timeout."""
+    refs = [w.ping.remote() for w in workers]
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if pending:
+        ranks = [rank for rank, ref in enumerate(refs, start=1) if ref in pending]
+        raise TimeoutError(f"shard workers of ranks {ranks} did not start within {timeout_s:.0f} s")
+    ray.get(refs)
 
 
 def _alive(worker) -> bool:

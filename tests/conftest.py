@@ -7,6 +7,10 @@ if not torch.cuda.is_available():  # kernels read it when first imported: set it
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # one thread per pytest-xdist worker (the README runs two on CI's two cores), two otherwise
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+# Serve kills an HTTP proxy not ready within 5 s (10 s, 15 s... on its retries) and serve.start
+# gives up after 60 s: on a loaded 2-core machine a worker process alone can take longer than
+# 5 s to start. The Ray clusters the tests start (their raylet and workers inherit this) wait 30 s.
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "30")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "models"))
 sys.path.insert(0, os.path.dirname(__file__))
 

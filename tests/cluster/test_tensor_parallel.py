@@ -126,6 +126,36 @@ def test_infeasible_sizes_fail_fast(reference_models, two_node_cluster):
     assert time.monotonic() - start < 30
 
 
+@ray.remote(num_cpus=0)
+class _Starting:
+    """A stand-in shard worker whose constructor sleeps, or raises."""
+
+    def __init__(self, sleep_s: float = 0.0, fail: bool = False) -> None:
+        time.sleep(sleep_s)
+        if fail:
+            raise RuntimeError("shard checkpoint missing")
+
+    def ping(self) -> int:
+        return 1
+
+
+def test_a_replica_waits_for_its_workers_to_start_then_for_the_rendezvous(two_node_cluster):
+    """Worker start-up is waited for before the rendezvous (whose 60 s only counts the join):
+    a slow constructor is waited for, one that fails raises its error at once, one that takes
+    longer than the wait names its rank."""
+    from hybrid_serve.actors.replica import _wait_started
+
+    _wait_started([_Starting.remote(0.0), _Starting.remote(2.0)], timeout_s=60)
+    start = time.monotonic()
+    with pytest.raises(ray.exceptions.RayActorError, match="shard checkpoint missing"):
+        _wait_started([_Starting.remote(0.0), _Starting.remote(fail=True)], timeout_s=60)
+    assert time.monotonic() - start < 30
+    started = _Starting.remote(0.0)
+    ray.get(started.ping.remote())
+    with pytest.raises(TimeoutError, match=r"ranks \[2\] did not start within 1 s"):
+        _wait_started([started, _Starting.remote(30.0)], timeout_s=1)
+
+
 def _check(tp, replicas, use_gpu=False):
     from hybrid_serve.cluster.placement import check_feasible
 

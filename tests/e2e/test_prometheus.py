@@ -99,18 +99,31 @@ def _generation_counts(text: str) -> tuple[float, dict[str, float]]:
     return decisions, ok
 
 
+def _settled_generation_counts(served, timeout_s: float = 20.0) -> tuple[float, dict[str, float]]:
+    """`_generation_counts` once two reads a push interval and more apart agree: every process
+    has pushed what it counted (a push delayed on a loaded machine would show one ingress's
+    decisions without the answers it gave after)."""
+    deadline = time.monotonic() + timeout_s
+    last = _generation_counts(httpx.get(f"{served.base_url}/metrics").text)
+    while True:
+        time.sleep(1.0)  # every process pushes every 0.5 s
+        now = _generation_counts(httpx.get(f"{served.base_url}/metrics").text)
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+
+
 def test_every_ingress_replica_is_counted(served):
     """The app runs 2 ingress replicas, each routing with its own router: every request is one
     decision in the exposition (the series both report for an engine replica are summed, not
     one of them dropped) and each ingress's HTTP answers are there under its own name."""
     assert served.ingress_replicas == 2
-    before_decisions, before_ok = _generation_counts(httpx.get(f"{served.base_url}/metrics").text)
+    before_decisions, before_ok = _settled_generation_counts(served)
     sent = 0
     for _ in range(4):
         _drive_load(served, rounds=1)
         sent += 18
-        time.sleep(1.0)  # every process has pushed what it counted
-        decisions, ok = _generation_counts(httpx.get(f"{served.base_url}/metrics").text)
+        decisions, ok = _settled_generation_counts(served)
         per_ingress = {r: n - before_ok.get(r, 0.0) for r, n in ok.items()}
         if sum(1 for n in per_ingress.values() if n > 0) == 2:
             break
