@@ -56,9 +56,11 @@ def get_hub(app_name: str):
 class HubReader:
     """The other processes' snapshots for one ingress's `GET /metrics`: the hub's collection,
     or, when the hub does not answer within `timeout_s`, the last one it gave, while younger
-    than `ttl_s` (the hub's own ttl, so nothing older than the hub would keep is shown)."""
+    than `ttl_s` (the hub's own ttl, so nothing older than the hub would keep is shown).
+    `timeout_s` stays well under the scrape timeout (5 s in dashboards/prometheus.yml): a
+    fallback answered after Prometheus gave up on the scrape would help nobody."""
 
-    def __init__(self, hub, source: str, timeout_s: float = 5.0, ttl_s: float = SNAPSHOT_TTL_S) -> None:
+    def __init__(self, hub, source: str, timeout_s: float = 2.0, ttl_s: float = SNAPSHOT_TTL_S) -> None:
         self.hub, self.source, self.timeout_s, self.ttl_s = hub, source, timeout_s, ttl_s
         self._last: tuple[float, list[list]] | None = None  # (monotonic time, collection)
 
