@@ -4,7 +4,8 @@
 # screen each, and the shipped demo beside them, with our bf16 engine against our fp32 reference
 # path (benchmarks/bf16_agreement_trained_demo.py --ours-only: 256 held-out prompts, the first 64
 # of which are the acceptance set), and check what each writes after "def fibonacci(n):" (demo/quality.py).
-# Brings back the two best: demo text first, then agreement. Training runs share the GPU: three at
+# Brings back the two best: demo text first, then agreement (SCREEN=0: no GPU screen, rank on the
+# CPU with benchmarks/bf16_noise_sites.py). Training runs share the GPU: three at
 # once took 558 ms/step each (2026-11-30, H200), one alone 196 (H100): no throughput lost or gained.
 # Usage (device machine, repo root):
 #   VARIANTS="name:train args;name:train args" bash benchmarks/device_train_demo_variants.sh [TIME_BUDGET]
@@ -36,23 +37,33 @@ done
 wait "${PIDS[@]}"
 echo "train wall $(( $(date +%s) - START ))s"
 for name in "${NAMES[@]}"; do echo "== $name"; grep -v "falling back" $WORK/train_$name.log | grep -E "corpus|ms/step|held-out|Error|error|00/" ; done
-# the screen: every variant and the shipped demo at once
+# the screen: every variant and the shipped demo at once (SCREEN=0: none, to rank on the CPU instead:
+# benchmarks/bf16_noise_sites.py; SCREEN_SHIPPED=0: the variants only)
 PIDS=()
-for name in "${NAMES[@]}" shipped; do
+SCREENED=()
+[ "${SCREEN:-1}" = 1 ] && SCREENED=("${NAMES[@]}")
+[ "${SCREEN:-1}" = 1 ] && [ "${SCREEN_SHIPPED:-1}" = 1 ] && SCREENED+=(shipped)
+for name in "${SCREENED[@]}"; do
   model=$WORK/$name; [ "$name" = shipped ] && model=demo
   [ -f $model/model.safetensors ] || continue
   OUT=$WORK timeout ${BENCH_TIMEOUT:-240} python3 benchmarks/bf16_agreement_trained_demo.py --model $model \
-    --ours-only --prompts 256 --subset 64 --gpu-memory-utilization 0.15 --out-name agree_$name.json > $WORK/agree_$name.log 2>&1 &
+    --ours-only --prompts ${PROMPTS:-256} --subset 64 --gpu-memory-utilization 0.15 --out-name agree_$name.json > $WORK/agree_$name.log 2>&1 &
   PIDS+=($!)
 done
-wait "${PIDS[@]}"
-for name in "${NAMES[@]}" shipped; do echo "== screen $name"; grep -E "ours|near ties|pass|FAIL|Error" $WORK/agree_$name.log; done
+[ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"
+for name in "${SCREENED[@]}"; do echo "== screen $name"; grep -E "ours|near ties|pass|FAIL|Error" $WORK/agree_$name.log; done
 # what a new user would see (demo/quality.py): a checkpoint that agrees in bf16 but writes noise is no demo
+# (every variant at once, then their texts in order)
+PIDS=()
 for name in "${NAMES[@]}"; do
   [ -f $WORK/$name/model.safetensors ] || continue
-  echo "== demo text $name"
-  timeout 90 python3 -m hybrid_serve.demo.quality $WORK/$name --device cuda --out $WORK/text_$name.json 2>&1 \
-    | grep -v "Loading\|Warm-up\|engine ready"
+  timeout 90 python3 -m hybrid_serve.demo.quality $WORK/$name --device cuda --out $WORK/text_$name.json \
+    > $WORK/text_$name.log 2>&1 &
+  PIDS+=($!)
+done
+[ ${#PIDS[@]} -gt 0 ] && wait "${PIDS[@]}"
+for name in "${NAMES[@]}"; do
+  echo "== demo text $name"; grep -v "Loading\|Warm-up\|engine ready" $WORK/text_$name.log
 done
 python3 - "$WORK" "$OUT" "${NAMES[@]}" <<'EOF'
 import json, os, sys
@@ -71,11 +82,11 @@ for name in names + ["shipped"]:
         entry["screen"] = json.load(open(agree))
     summary[name] = entry
 def score(name):
+    text_ok = int(summary[name].get("demo_text", {}).get("ok", False))
     s = summary[name].get("screen")
-    if not s:
-        return (-1, -1, -1)
-    return (int(summary[name].get("demo_text", {}).get("ok", False)),
-            s["rows_first_64_prompts"]["ours bf16 vs ours fp32 ref"]["prompts_first16_agree"],
+    if not s:  # not screened (SCREEN=0, or it failed): the demo text alone ranks it
+        return (text_ok, -1, -1)
+    return (text_ok, s["rows_first_64_prompts"]["ours bf16 vs ours fp32 ref"]["prompts_first16_agree"],
             s["rows"]["ours bf16 vs ours fp32 ref"]["prompts_first16_agree"])
 ranked = sorted(names, key=score, reverse=True)
 summary["ranked"] = ranked
