@@ -8,12 +8,12 @@ of the running interpreter's standard library (``corpus.py``), from a seed.
 
 The shipped demo is that command's run on an H200 (2026-12-01, seed 2 of four seeds trained at
 once by benchmarks/device_train_demo_variants.sh: 540 steps of 128 x 512 tokens, 3.5 epochs, 6.7
-minutes sharing the GPU; alone, at the 196 ms/step of the first demo's H100 run, 1.8) on the stdlib of Python 3.11.7; RESULTS.md has its
-numbers. 540 steps, not more: longer runs write better code but are louder under bf16 rounding
-(the 1380-step demo shipped before agreed with fp32 on 82.8-87.5% of prompts, under the 95% the
-bf16 check asks), and of the four seeds two wrote Python-looking code after ``def fibonacci(n):``
-(demo/quality.py); seed 2 is one of them. Without ``--corpus`` the running interpreter's stdlib
-is tokenized on the spot.
+minutes sharing the GPU; alone, at the 196 ms/step of the first demo's H100 run, 1.8) on the
+stdlib of Python 3.11.7; RESULTS.md has its numbers. 540 steps, not more: longer runs write
+better code but are louder under bf16 rounding (the 1380-step demo shipped before agreed with
+fp32 on 82.8-87.5% of prompts, under the 95% the bf16 check asks), and of the four seeds two
+wrote Python-looking code after ``def fibonacci(n):`` (demo/quality.py); seed 2 is one of them.
+Without ``--corpus`` the running interpreter's stdlib is tokenized on the spot.
 
 OUT_DIR becomes a Hugging Face model directory that transformers' ``AutoModelForCausalLM`` and
 hybrid-serve both load: ``config.json``, ``model.safetensors`` (bf16: the main model, its LM
