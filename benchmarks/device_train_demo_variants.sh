@@ -65,39 +65,7 @@ done
 for name in "${NAMES[@]}"; do
   echo "== demo text $name"; grep -v "Loading\|Warm-up\|engine ready" $WORK/text_$name.log
 done
-python3 - "$WORK" "$OUT" "${NAMES[@]}" <<'EOF'
-import json, os, sys
-work, out, names = sys.argv[1], sys.argv[2], sys.argv[3:]
-summary = {}
-for name in names + ["shipped"]:
-    entry = {}
-    train_log = os.path.join(work, name, "train_log.json")
-    if os.path.exists(train_log):
-        entry["train"] = json.load(open(train_log))
-    text = os.path.join(work, f"text_{name}.json")
-    if os.path.exists(text):
-        entry["demo_text"] = json.load(open(text))
-    agree = os.path.join(work, f"agree_{name}.json")
-    if os.path.exists(agree):
-        entry["screen"] = json.load(open(agree))
-    summary[name] = entry
-def score(name):
-    text_ok = int(summary[name].get("demo_text", {}).get("ok", False))
-    s = summary[name].get("screen")
-    if not s:  # not screened (SCREEN=0, or it failed): the demo text alone ranks it
-        return (text_ok, -1, -1)
-    return (text_ok, s["rows_first_64_prompts"]["ours bf16 vs ours fp32 ref"]["prompts_first16_agree"],
-            s["rows"]["ours bf16 vs ours fp32 ref"]["prompts_first16_agree"])
-ranked = sorted(names, key=score, reverse=True)
-summary["ranked"] = ranked
-json.dump(summary, open(os.path.join(out, "variants.json"), "w"), indent=1)
-print("ranked (demo text ok, first-64 agreement, 256 agreement):", [(n, score(n)) for n in ranked + ["shipped"]])
-for n in ranked + ["shipped"]:
-    t = summary[n].get("train", {})
-    h = t.get("heldout", {})
-    print(f"{n:10} steps {t.get('args', {}).get('steps')} epochs {t.get('epochs', 0):.1f} ppl {h.get('perplexity', 0):.3f} "
-          f"entropy {h.get('entropy', 0):.3f} mtp top1 {h.get('mtp_top1', 0):.3f} near ties {summary[n].get('screen', {}).get('fp32_near_ties')}")
-open(os.path.join(work, "best"), "w").write(" ".join(ranked[:2]))
-EOF
+# every variant's log, text and screen in $OUT/variants.json; the two best named in $WORK/best
+python3 benchmarks/demo_variants_summary.py "$WORK" "$OUT" "${NAMES[@]}"
 cd $WORK && tar -cf models.tar $(cat best) && split -b 15M -d -a 1 models.tar "$OUT/models.tar.part" && ls -la "$OUT"
 echo "total wall $(( $(date +%s) - START ))s"
