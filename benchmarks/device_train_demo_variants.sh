@@ -8,7 +8,7 @@
 # CPU with benchmarks/bf16_noise_sites.py). Training runs share the GPU: three at
 # once took 558 ms/step each (2026-11-30, H200), one alone 196 (H100): no throughput lost or gained.
 # Usage (device machine, repo root):
-#   VARIANTS="name:train args;name:train args" bash benchmarks/device_train_demo_variants.sh [TIME_BUDGET]
+#   VARIANTS="name:train args;name:train args" bash benchmarks/device_train_demo_variants.sh [TIME_BUDGET | 0]
 # $OUT receives: run.log, variants.json (every variant's training summary and screen), and
 # models.tar.part0..: the two best variants' directories (cat the parts, tar -x).
 set -uo pipefail
@@ -19,7 +19,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -VV
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "pip install failed"
 VARIANTS=${VARIANTS:-"wd0.1:--weight-decay 0.1;wd0:--weight-decay 0.0;ent0.3:--entropy-weight 0.3"}
-BUDGET=${1:-360}
+BUDGET=${1:-360}  # 0: no time budget, each variant runs its --steps (the shipped default: 540)
+BUDGET_ARGS=""; [ "$BUDGET" != 0 ] && BUDGET_ARGS="--time-budget $BUDGET --max-epochs ${MAX_EPOCHS:-40}"
 WORK=/tmp/variants; mkdir -p $WORK
 START=$(date +%s)
 IFS=';' read -ra SPECS <<< "$VARIANTS"
@@ -29,7 +30,7 @@ for spec in "${SPECS[@]}"; do
   echo "== train $name: $extra"
   # shellcheck disable=SC2086
   timeout ${TRAIN_TIMEOUT:-450} python3 -m hybrid_serve.demo.train --out $WORK/$name --corpus .corpus \
-    --time-budget $BUDGET --max-epochs ${MAX_EPOCHS:-40} $extra > $WORK/train_$name.log 2>&1 &
+    $BUDGET_ARGS $extra > $WORK/train_$name.log 2>&1 &
   PIDS+=($!)
 done
 # wait on these pids only: a bare `wait` also waits for the `tee` of the process substitution above (bash 5.1+),

@@ -24,8 +24,10 @@ from hybrid_serve.demo import DEMO_DIR
 from hybrid_serve.demo.corpus import heldout_prompts
 
 
-def run(dtype: str, tp: int, prompts, tokens: int, device: str = "cpu"):
-    llm = LLM(dtype=dtype, tp_size=tp, device=device, max_num_seqs=64, enable_prefix_caching=False, max_model_len=512)
+def run(dtype: str, tp: int, prompts, tokens: int, device: str = "cpu", model: str = DEMO_DIR,
+        gpu_memory_utilization: float = 0.85):
+    llm = LLM(model=model, dtype=dtype, tp_size=tp, device=device, max_num_seqs=64, enable_prefix_caching=False,
+              max_model_len=512, gpu_memory_utilization=gpu_memory_utilization)
     start = time.perf_counter()
     try:
         outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, logprobs=20))
@@ -63,6 +65,9 @@ def compare(base, other, first: int = 16) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=DEMO_DIR, help="a demo-layout checkpoint (default: the shipped demo)")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.85,
+                    help="share of free GPU memory each engine's cache takes (lower to share the GPUs)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads of this process")
@@ -78,13 +83,15 @@ def main() -> None:
         ray.init(include_dashboard=False, log_to_driver=False)
     from hybrid_serve.engine.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(DEMO_DIR)
+    tok = load_tokenizer(args.model)
     prompts = [tok.encode(t, add_special_tokens=False) for t in heldout_prompts(args.prompts)]
     rows, seconds = {}, {}
     for dtype in args.dtypes.split(","):
-        base, seconds[f"{dtype}_tp1"] = run(dtype, 1, prompts, args.tokens, args.device)
+        base, seconds[f"{dtype}_tp1"] = run(dtype, 1, prompts, args.tokens, args.device, args.model,
+                                            args.gpu_memory_utilization)
         for tp in tps:
-            other, seconds[f"{dtype}_tp{tp}"] = run(dtype, tp, prompts, args.tokens, args.device)
+            other, seconds[f"{dtype}_tp{tp}"] = run(dtype, tp, prompts, args.tokens, args.device, args.model,
+                                                    args.gpu_memory_utilization)
             rows[f"{dtype}_tp{tp}"] = compare(base, other)
             print(dtype, f"tp={tp}", json.dumps({k: v for k, v in rows[f"{dtype}_tp{tp}"].items()
                                                  if k != "divergences"}), flush=True)
@@ -94,7 +101,7 @@ def main() -> None:
     else:
         where = f"{torch.cuda.device_count()}x {torch.cuda.get_device_name(0)}, NCCL"
     name = "tp2_vs_tp1_trained_demo" if tps == [2] and args.device == "cpu" else f"tp_vs_tp1_trained_demo_{args.device}"
-    result = {"metric": name, "device": where,
+    result = {"metric": name, "device": where, "model": args.model,
               "workload": f"{args.prompts} held-out stdlib prompts x {args.tokens} greedy tokens, trained demo model",
               "rows": rows, "seconds": seconds}
     out_dir = os.environ.get("OUT", "./bench_out")

@@ -153,3 +153,25 @@ def test_train_losses_report_the_main_heads_entropy_and_the_option_adds_it_to_th
         train.train_step(m, h, train.optimizer(m, h, 1e-3, 0.0, fused=False), params, window, 1e-3, args)
         after[weight] = torch.cat([p.detach().flatten() for p in m.parameters()])
     assert not torch.equal(after[0.0], after[0.5])  # the entropy term reaches the weights
+
+
+def test_train_is_deterministic_by_default_repeats_its_bytes_and_restores_the_callers_setting(tmp_path, monkeypatch):
+    """Training runs with deterministic kernels unless told otherwise (every op of a step has one
+    here: one without raises under torch.use_deterministic_algorithms), two runs give the same
+    file, and the caller's setting is back afterwards. On a GPU, where the option matters, the
+    same claim is tests/gpu/test_train_deterministic.py."""
+    from hybrid_serve.demo import train
+
+    assert train.parse_args(["--out", "x"]).deterministic
+    assert not train.parse_args(["--out", "x", "--no-deterministic"]).deterministic
+    seen, real_run = [], train._run
+    monkeypatch.setattr(train, "_run", lambda args: seen.append(torch.are_deterministic_algorithms_enabled())
+                        or real_run(args))
+    before = torch.are_deterministic_algorithms_enabled()
+    files = []
+    for name in ("a", "b"):
+        train.main(["--out", str(tmp_path / name), "--tiny", "--max-files", "6", "--steps", "2"])
+        assert torch.are_deterministic_algorithms_enabled() == before
+        files.append((tmp_path / name / "model.safetensors").read_bytes())
+    assert seen == [True, True]
+    assert files[0] == files[1]
