@@ -46,6 +46,15 @@ def test_a_failing_text_ranks_below_any_passing_one_whatever_its_agreement():
     assert score({}) == (0, -1.0, -1.0)
 
 
+def test_a_screen_of_the_64_acceptance_prompts_alone_ranks_by_its_own_rows():
+    pair = "ours bf16 vs ours fp32 ref"
+    official = {"rows": {pair: {"prompts_first16_agree": 0.953}}}  # --fp32-triton --bf16-ref: no --subset
+    assert score({"demo_text": {"ok": True}, "screen": official}) == (1, 0.953, 0.953)
+    summary = {"a": {"demo_text": {"ok": True}, "screen": official},
+               "b": {"demo_text": {"ok": True}, "screen": _screen(0.97, 0.90)}}
+    assert rank(summary, ["a", "b"]) == ["b", "a"]
+
+
 def test_no_variant_names_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no variant names"):
         main([str(tmp_path), str(tmp_path)])
