@@ -36,7 +36,7 @@ for step in $STEPS; do
     wait $CORPUS_PID; tail -1 /tmp/corpus.log
     PIDS=()
     for mode in plain deterministic; do
-      flag=""; dev=0; [ $mode = deterministic ] && flag=--deterministic && dev=1
+      flag=--no-deterministic; dev=0; [ $mode = deterministic ] && flag=--deterministic && dev=1
       # shellcheck disable=SC2086
       CUDA_VISIBLE_DEVICES=$dev timeout 240 python3 -m hybrid_serve.demo.train --out /tmp/speed_$mode --corpus $CORPUS \
         --steps 30 --warmup 10 --eval-every 0 --eval-windows 4 --log-every 10 $flag > /tmp/speed_$mode.log 2>&1 &

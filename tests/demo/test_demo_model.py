@@ -165,8 +165,12 @@ def test_train_is_deterministic_by_default_repeats_its_bytes_and_restores_the_ca
     assert train.parse_args(["--out", "x"]).deterministic
     assert not train.parse_args(["--out", "x", "--no-deterministic"]).deterministic
     seen, real_run = [], train._run
-    monkeypatch.setattr(train, "_run", lambda args: seen.append(torch.are_deterministic_algorithms_enabled())
-                        or real_run(args))
+
+    def recording_run(args):  # the setting while the training runs
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return real_run(args)
+
+    monkeypatch.setattr(train, "_run", recording_run)
     before = torch.are_deterministic_algorithms_enabled()
     files = []
     for name in ("a", "b"):
