@@ -203,6 +203,19 @@ class StatePool:
         src = self.num_slots + 1 + torch.arange(rows, device=values.device) * self.scratch_steps + steps_d
         self.layout_tag[torch.where(moved, slots_d, 0)] = self.layout_tag[torch.where(moved, src, 0)]
 
+    def prepare_copies(self) -> None:
+        """Compile `copy_many`'s kernel now (the Triton path): one launch per state kind over
+        two padding pairs (dst slot 0), which the kernel skips, so nothing is written. The
+        engine does this before it reports ready: the first step whose chunk ends at several
+        checkpoints (or that keeps several replies' states) would otherwise compile it while
+        serving."""
+        if not use_triton(self.conv_states):
+            return
+        padding = torch.zeros(2, dtype=torch.int64, device=self.conv_states.device)
+        for states in (self.conv_states, self.ssm_states):
+            if states is not None and states[0, 0].numel():
+                copy_state_slots(states, padding, padding)
+
     def prepare_commit_graphs(self) -> None:
         """Compile the commit's kernels and capture its graphs now (CUDA, with a scratch): the
         engine does this before it reports ready, so the first verify step compiles nothing."""

@@ -66,8 +66,10 @@ class ModelRunner:
             if verify_tokens_per_row > 1 and state_pool.scratch_rows > 0:
                 self.use_verify_graphs(cuda_graph_max_batch, verify_tokens_per_row)
                 self.verify_graphs.capture()
-        if self.device.type == "cuda" and state_pool.scratch_rows > 0:
-            state_pool.prepare_commit_graphs()  # speculative commits: compiled and captured before ready
+        if self.device.type == "cuda":
+            state_pool.prepare_copies()  # a step's state copies (checkpoints, replies): compiled before ready
+            if state_pool.scratch_rows > 0:
+                state_pool.prepare_commit_graphs()  # speculative commits: compiled and captured before ready
         if piecewise_max_tokens > 0:
             if self.device.type != "cuda":
                 raise ValueError(f"piecewise CUDA graphs need a CUDA device, got {self.device}")

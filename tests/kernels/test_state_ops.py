@@ -106,3 +106,30 @@ def test_state_pool_copy_many_equals_copies_one_by_one_gpu():
     got.copy_many(src, dst)
     assert torch.equal(got.conv_states, want.conv_states) and torch.equal(got.ssm_states, want.ssm_states)
     assert torch.equal(got.layout_tag, want.layout_tag)
+
+
+def test_state_pool_prepare_copies_writes_nothing(monkeypatch):
+    """StatePool.prepare_copies (the engine's warm-up of copy_many's kernel, run before ready)
+    launches the copy kernel on each state kind's pool, the tensors copy_many launches it on, with
+    padding pairs only: no slot, scratch row or layout tag changes. Then copy_many still copies."""
+    from hybrid_serve.mem_cache.state_pool import StatePool, StateSpec
+
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")  # the Triton path on any device
+    spec = StateSpec(conv_dim=24, conv_width=3, ssm_shape=(2, 4, 8), conv_dtype=torch.bfloat16)
+    pool = StatePool(6, 2, spec, DEVICE, scratch_rows=2, scratch_steps=2)
+    pool.conv_states.copy_(_rand(*pool.conv_states.shape, dtype=torch.bfloat16, seed=5))
+    pool.ssm_states.copy_(_rand(*pool.ssm_states.shape, seed=6))
+    pool.layout_tag.copy_(torch.arange(pool.layout_tag.numel(), device=DEVICE) % 2)
+    before = [t.clone() for t in (pool.conv_states, pool.ssm_states, pool.layout_tag)]
+    from hybrid_serve.mem_cache import state_pool as state_pool_module
+
+    launched = []  # the pools the kernel ran on: the very tensors copy_many passes (same specialization)
+    kernel = state_pool_module.copy_state_slots
+    monkeypatch.setattr(state_pool_module, "copy_state_slots",
+                        lambda states, src, dst: (launched.append(states), kernel(states, src, dst)))
+    pool.prepare_copies()
+    assert [t is s for t, s in zip(launched, (pool.conv_states, pool.ssm_states))] == [True, True]
+    for got, want in zip((pool.conv_states, pool.ssm_states, pool.layout_tag), before):
+        assert torch.equal(got, want)
+    pool.copy_many([1, 2], [3, 4])
+    assert torch.equal(pool.conv_states[:, 3], before[0][:, 1]) and torch.equal(pool.ssm_states[:, 4], before[1][:, 2])
