@@ -1,6 +1,6 @@
 """The HTTP ingress: a FastAPI app over `OpenAIServing`, and its Serve deployment.
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model}, GET /health,
 GET /metrics (the whole application's hybrid_serve_* metrics), GET /openapi.json (needs the
 API key when one is set; /docs and /redoc are served only without one). `create_app` needs no Ray,
 so tests can drive it with a `LocalBackend` (`replica_calls.py`). Past the ingress's bound on generation requests
@@ -28,7 +28,7 @@ from .delta_channel import ChannelClient, ChannelLost, ChannelUnreachable
 from .errors import (OVERLOADED, REPLICA_FAILED, APIError, GenerateError, internal, replica_failed, too_large,
                      unauthorized, unavailable)
 from .metrics_hub import HubReader, MetricsPusher, get_hub
-from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelList, UnsupportedField
+from .protocol import ERROR_RESPONSES, ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, UnsupportedField
 from .server import GenerateRequest, Started
 from .serving import OpenAIServing
 
@@ -194,6 +194,12 @@ def create_app(serving: OpenAIServing, metrics_source: MetricsSource | None = No
              responses=ERROR_RESPONSES)
     async def models():
         return JSONResponse(await serving.models())
+
+    # `:path`: a Hub id served under its own name has a slash (Qwen/Qwen3.5-0.8B)
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(check_api_key)], response_model=ModelCard,
+             responses=ERROR_RESPONSES)
+    async def model_card(model: str):
+        return JSONResponse(await serving.model(model))
 
     if keyed:
         @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(check_api_key)])

@@ -94,6 +94,13 @@ class OpenAIServing:
                 "root": self.config.model or self.model_name, "max_model_len": info.max_model_len}
         return {"object": "list", "data": [card]}
 
+    async def model(self, model: str) -> dict:
+        """GET /v1/models/{model} (OpenAI's retrieve, `client.models.retrieve`): the served
+        model's card; any other name is a 404 `model_not_found`."""
+        if model != self.model_name:
+            raise model_not_found(model, self.model_name)
+        return (await self.models())["data"][0]
+
     # ----- endpoints --------------------------------------------------------------------
     async def completions(self, body: CompletionRequest):
         self._check_common(body)

@@ -150,6 +150,21 @@ def test_context_overflow_is_400_with_the_numbers_and_unknown_model_404(tokenize
     expect_error(client.get("/v1/nope"), 404)
 
 
+def test_model_retrieve_is_the_listed_card_and_404_for_another_name(tokenizer, monkeypatch):
+    """GET /v1/models/{model}, as `client.models.retrieve` calls it; a Hub id's slash is part of the name."""
+    client, _ = make_client(tokenizer)
+    card = client.get("/v1/models/demo")
+    assert card.status_code == 200 and card.json() == client.get("/v1/models").json()["data"][0]
+    err = expect_error(client.get("/v1/models/other"), 404, "model")
+    assert err["code"] == "model_not_found" and "'other'" in err["message"]
+    client, _ = make_client(tokenizer, served_model_name="org/name")
+    assert client.get("/v1/models/org/name").json()["id"] == "org/name"
+    expect_error(client.get("/v1/models/org"), 404, "model")
+    monkeypatch.setenv(API_KEY_ENV, "k1")
+    client, _ = make_client(tokenizer, api_key="k1")
+    expect_error(client.get("/v1/models/demo"), 401)
+
+
 def test_body_limit_by_header_and_by_stream(tokenizer):
     client, _ = make_client(tokenizer, max_body_bytes=1000)
     expect_error(client.post("/v1/completions", json={"prompt": "x" * 2000}), 413)
