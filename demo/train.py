@@ -328,15 +328,15 @@ def make_deterministic() -> None:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    previous = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark,
-                torch.backends.cudnn.deterministic)
+    previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     if args.deterministic:
         make_deterministic()
     try:
         return _run(args)
     finally:  # a caller in the same process (a test) gets its settings back
-        torch.use_deterministic_algorithms(previous[0])
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = previous[1:]
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = previous[2:]
 
 
 def _run(args) -> dict:

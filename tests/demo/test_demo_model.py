@@ -171,11 +171,17 @@ def test_train_is_deterministic_by_default_repeats_its_bytes_and_restores_the_ca
         return real_run(args)
 
     monkeypatch.setattr(train, "_run", recording_run)
-    before = torch.are_deterministic_algorithms_enabled()
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     files = []
-    for name in ("a", "b"):
-        train.main(["--out", str(tmp_path / name), "--tiny", "--max-files", "6", "--steps", "2"])
-        assert torch.are_deterministic_algorithms_enabled() == before
-        files.append((tmp_path / name / "model.safetensors").read_bytes())
+    try:
+        # the caller's setting, restored after each run: its own (a), then a warn-only mode (b)
+        for name, caller in (("a", before), ("b", (True, True))):
+            torch.use_deterministic_algorithms(caller[0], warn_only=caller[1])
+            train.main(["--out", str(tmp_path / name), "--tiny", "--max-files", "6", "--steps", "2"])
+            assert (torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled()) == caller
+            files.append((tmp_path / name / "model.safetensors").read_bytes())
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
     assert seen == [True, True]
     assert files[0] == files[1]
