@@ -93,7 +93,7 @@ def one_step(llm, tokens: int, seed: int) -> dict:
 
     engine = llm.engine
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(10, 150000, (tokens,), generator=gen).tolist()
+    prompt = torch.randint(10, engine.hf_config.vocab_size, (tokens,), generator=gen).tolist()  # the model's vocabulary
     engine.add_request(f"s{seed}", prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
     real_launch, times = engine._launch, {}
 

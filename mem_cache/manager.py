@@ -34,6 +34,7 @@ class RequestAlloc:
     lock_node: RadixNode
     pages: list[int] = field(default_factory=list)
     num_tree_pages: int = 0
+    lock_position: int = 0  # where lock_node ends: the next checkpoint's insert starts there
     pending_checkpoints: list[tuple[int, int | None]] = field(default_factory=list)
     skipped_checkpoints: list[int] = field(default_factory=list)  # positions that got no slot this step
     resume: tuple[int, int | None] | None = None  # (position, state slot): see the module's docstring
@@ -149,6 +150,7 @@ class CacheManager:
         if match is not None and match.num_tokens > 0:
             alloc.pages = list(match.pages)
             alloc.num_tree_pages = len(match.pages)
+            alloc.lock_position = match.num_tokens
             self.pre_ops.set_kv_pages(req_row, 0, list(match.pages), self.page_size)
             if node.state_slot is not None:
                 self.pre_ops.copy(node.state_slot, state_slot)  # copy-on-write from the checkpoint
@@ -303,11 +305,14 @@ class CacheManager:
 
     def _commit_checkpoint(self, alloc: RequestAlloc, token_ids: list[int], position: int, slot: int | None) -> None:
         num_pages = position // self.page_size
-        result = self.tree.insert(token_ids[:position], alloc.pages[:num_pages], slot)
+        # from the node the request holds (the tree has its path up to there), not from the root
+        start = (alloc.lock_node, alloc.lock_position) if alloc.lock_position <= position else None
+        result = self.tree.insert(token_ids[:position], alloc.pages[:num_pages], slot, start=start)
         self.stats.checkpoints_taken += 1
         if result.duplicate_state_slot is not None:
             self.state_slots.free([result.duplicate_state_slot])
-        for i, (mine, tree) in enumerate(zip(alloc.pages[:num_pages], result.pages)):
+        for i, (mine, tree) in enumerate(zip(alloc.pages[result.first_page:num_pages], result.pages),
+                                         start=result.first_page):
             if mine != tree:  # the tree already had these tokens: use its page, free ours
                 if i < alloc.num_tree_pages:
                     raise AssertionError(f"tree page {mine} of a locked prefix was replaced")
@@ -317,7 +322,7 @@ class CacheManager:
         alloc.num_tree_pages = max(alloc.num_tree_pages, num_pages)
         self.tree.lock(result.node)
         self.tree.unlock(alloc.lock_node)
-        alloc.lock_node = result.node
+        alloc.lock_node, alloc.lock_position = result.node, position
 
     def release(self, alloc: RequestAlloc, token_ids: list[int] | None = None) -> None:
         """Free what the request holds. `token_ids`: its tokens known on the host (prompt and

@@ -198,3 +198,72 @@ def test_first_victim_is_the_sorted_orders_first_on_random_trees():
         candidates = [n for n in tree._holders if n is not keep]
         want = min(candidates, key=order) if candidates else None
         assert tree._first_victim(keep) is want, trial
+
+
+def _tree_shape(tree: RadixCache) -> list:
+    """Every node as (path tokens, pages, state slot, last access), in a fixed order."""
+    return sorted((tree.path_tokens(n), tuple(n.pages), n.state_slot, n.last_access) for n in tree._nodes())
+
+
+def test_insert_from_a_start_node_equals_the_walk_from_the_root():
+    """Checkpoints of one request, each inserted from the node of the one before (what
+    CacheManager does with the request's locked node): the same tree, pages, slots, LRU times,
+    duplicates and events as inserting each prefix from the root, on random prompts sharing
+    prefixes with what the tree already holds."""
+    import random
+
+    rng = random.Random(1)
+    for trial in range(60):
+        trees = [RadixCache(4, True), RadixCache(4, True)]
+        for t in trees:
+            t.events = []
+        base = [rng.randrange(6) for _ in range(4 * rng.randrange(1, 8))]
+        page = slot = 1
+        for _ in range(rng.randrange(1, 6)):
+            cut = 4 * rng.randrange(0, len(base) // 4 + 1)
+            tokens = base[:cut] + [rng.randrange(6) for _ in range(4 * rng.randrange(1, 8))]
+            n = len(tokens) // 4
+            pages = list(range(page, page + n))
+            page += n
+            start = (trees[1].root, 0)
+            for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 5))}):
+                with_slot = slot if rng.random() < 0.8 else None
+                slot += 1
+                full = trees[0].insert(tokens[: 4 * q], pages[:q], with_slot)
+                part = trees[1].insert(tokens[: 4 * q], pages[:q], with_slot, start=start)
+                assert part.first_page == start[1] // 4
+                assert full.pages[part.first_page:] == part.pages, trial
+                assert full.duplicate_state_slot == part.duplicate_state_slot
+                start = (part.node, 4 * q)
+        assert _tree_shape(trees[0]) == _tree_shape(trees[1]), trial
+        assert trees[0].events == trees[1].events
+        assert trees[0].num_pages == trees[1].num_pages and trees[0].num_state_slots == trees[1].num_state_slots
+
+
+def test_insert_from_a_start_node_walks_only_the_new_pages(monkeypatch):
+    """A 64-page prompt checkpointed at every page: from the previous checkpoint's node, the
+    inserts compare one edge each (linear in the prompt); from the root they compare every
+    edge above too (quadratic). A start that is not a page boundary or not the root at 0 is
+    refused."""
+    calls = {"n": 0}
+    real = RadixCache._common_pages
+
+    def counted(self, node, tokens, start):
+        calls["n"] += 1
+        return real(self, node, tokens, start)
+
+    monkeypatch.setattr(RadixCache, "_common_pages", counted)
+    tokens, pages = list(range(4 * 64)), list(range(1, 65))
+    for incremental, most in ((True, 64), (False, 64 * 65 // 2)):
+        tree, start = RadixCache(4, True), None
+        calls["n"] = 0
+        for q in range(1, 65):
+            res = tree.insert(tokens[: 4 * q], pages[:q], q, start=start if incremental else None)
+            start = (res.node, 4 * q)
+        tree.insert(tokens, pages, None, start=start if incremental else None)  # a second request: all shared
+        assert calls["n"] <= most + (0 if incremental else 64), (incremental, calls["n"])
+        assert tree.num_state_slots == 64 and tree.num_pages == 64
+    with pytest.raises(ValueError, match="start position 3"):
+        tree.insert(tokens[:8], pages[:2], None, start=(tree.root, 3))
+    with pytest.raises(ValueError, match="start position 4"):
+        tree.insert(tokens[:8], pages[:2], None, start=(tree.root, 4))
