@@ -79,14 +79,17 @@ class EngineConfig:
     # (one per padded batch size, up to the state scratch's rows; engine/runner/cuda_graph.py)
     enable_verify_graphs: bool = True
     # Piecewise CUDA graphs for the other steps (prompt chunks, mixed prefill + decode, eager
-    # verify) of up to `piecewise_graph_max_tokens` tokens: the token-parallel ops replay from
-    # graphs per padded token count, the varlen ones (attention, convs, state recurrences) run
-    # eagerly between them (engine/runner/piecewise_graph.py). Default on CUDA (ignored on CPU):
-    # on an H200, 2.3B model, a 2,048-token prompt step 52.8 -> 20.7 ms (host share 34.9 -> 2.9
-    # ms), TPOT p50 at 64 in flight with prompts admitted at once 20.4 -> 12.0 ms
-    # (benchmarks/RESULTS.md, "Piecewise CUDA graphs on the GPU").
+    # verify) of up to `piecewise_graph_max_tokens` tokens (default: the step's token budget,
+    # max_num_batched_tokens, so that no step the scheduler forms runs eagerly): the
+    # token-parallel ops replay from graphs per padded token count, the varlen ones
+    # (attention, convs, state recurrences) run eagerly between them
+    # (engine/runner/piecewise_graph.py). Default on CUDA (ignored on CPU): on an H200, 2.3B
+    # model, a 2,048-token prompt step 52.8 -> 20.7 ms (host share 34.9 -> 2.9 ms); graphs up to
+    # 8,192 tokens (the budget) rather than 2,048: an 8k prompt of Nemotron-H 1B 20.8 -> 13.3
+    # ms, and the ~4,600-token mixed steps under load no longer wait on the host
+    # (benchmarks/RESULTS.md, "Piecewise CUDA graphs on the GPU" and session 42).
     enable_piecewise_graphs: bool | None = None
-    piecewise_graph_max_tokens: int = 2048
+    piecewise_graph_max_tokens: int | None = None
     # queue step N+1 before reading step N's tokens back (default by device: on CUDA, off on CPU)
     async_scheduling: bool | None = None
     warm_up: bool = True  # compile every kernel shape at start-up, before serving (CUDA)
@@ -108,6 +111,8 @@ class EngineConfig:
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
+        if self.piecewise_graph_max_tokens is None:
+            object.__setattr__(self, "piecewise_graph_max_tokens", self.max_num_batched_tokens)
         for name in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size", "page_size",
                      "state_checkpoint_interval", "cuda_graph_max_batch", "piecewise_graph_max_tokens"):
             positive(name)

@@ -45,13 +45,19 @@ logger = logging.getLogger(__name__)
 
 # Padded token counts with a piecewise graph: a step of T tokens replays the smallest >= T.
 PIECEWISE_SIZES = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096)
+# past the table, a size every this many tokens: a step pads by less than 512 tokens (11% at
+# most), where one jump from 4,096 to 8,192 padded the ~4,600-token mixed steps under load by 78%
+PIECEWISE_STEP_PAST_TABLE = 512
 
 
 def piecewise_sizes(max_tokens: int) -> list[int]:
-    """Sizes to capture: the table's up to max_tokens (and max_tokens itself if between)."""
+    """Sizes to capture: the table's below max_tokens, then one every PIECEWISE_STEP_PAST_TABLE
+    tokens, and max_tokens itself."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     sizes = [s for s in PIECEWISE_SIZES if s < max_tokens]
+    if PIECEWISE_SIZES:
+        sizes += range(PIECEWISE_SIZES[-1] + PIECEWISE_STEP_PAST_TABLE, max_tokens, PIECEWISE_STEP_PAST_TABLE)
     return sizes + [max_tokens]
 
 
