@@ -267,3 +267,68 @@ def test_insert_from_a_start_node_walks_only_the_new_pages(monkeypatch):
         tree.insert(tokens[:8], pages[:2], None, start=(tree.root, 3))
     with pytest.raises(ValueError, match="start position 4"):
         tree.insert(tokens[:8], pages[:2], None, start=(tree.root, 4))
+
+
+def test_evict_state_spare_takes_the_next_of_the_same_kind_only():
+    """evict_state(1, spare=k) drops the first checkpoint of the documented order and up to k
+    more that follow it in that order and are of its kind (dominated / unlocked / locked):
+    never one of a kind the order keeps longer. On random trees with locks and touches."""
+    import random
+
+    rng = random.Random(2)
+    for trial in range(40):
+        tree = RadixCache(4, True)
+        base = [rng.randrange(50) for _ in range(4 * rng.randrange(1, 6))]
+        slot = page = 1
+        for _ in range(rng.randrange(3, 25)):
+            cut = 4 * rng.randrange(0, len(base) // 4 + 1)
+            tokens = base[:cut] + [rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))]
+            n = len(tokens) // 4
+            for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 3))} | {n}):
+                result = tree.insert(tokens[: 4 * q], list(range(page, page + q)), slot)
+                slot, page = slot + 1, page + q
+            if rng.random() < 0.3:
+                tree.lock(result.node)
+            if rng.random() < 0.5:
+                tree.match(tokens, len(tokens))
+        order = lambda n: (not tree._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
+        ranked = sorted(tree._holders, key=order)
+        spare = rng.randrange(0, 6)
+        kind = order(ranked[0])[:2]
+        want = [ranked[0]] + [n for n in ranked[1:1 + spare] if order(n)[:2] == kind]
+        want_slots = [n.state_slot for n in want]
+        assert tree.evict_state(1, spare=spare) == want_slots, trial
+        assert all(n.state_slot is None for n in want) and tree.num_state_slots == len(tree._holders)
+
+
+def test_a_full_state_pool_evicts_a_few_ahead():
+    """CacheManager under state pressure: one eviction frees 1 + min(EVICT_SPARE_MAX, held //
+    EVICT_SPARE_PER) slots, so the next admissions find theirs free; in a small pool it frees
+    exactly the one it needs."""
+    from hybrid_serve.mem_cache import CacheManager
+
+    for slots, want_spare in ((8, 0), (200, 200 // CacheManager.EVICT_SPARE_PER)):
+        cm = CacheManager(num_pages=4096, page_size=4, num_state_slots=slots, num_rows=16, max_context=64)
+        # fill the tree with checkpoints (admit, checkpoint at 4, release: donates it) until one
+        # slot is left: the next request's own
+        i = 0
+        while cm.state_slots.num_free > 1:
+            tokens = [i % 97 + 1, i // 97 + 1, 7, 7, 9]
+            alloc = cm.admit(tokens, len(tokens))
+            cm.ensure_kv(alloc, 4)
+            assert cm.schedule_checkpoint(alloc, 4, copy_after_step=True) is not None
+            cm.commit_checkpoints(alloc, tokens)
+            cm.release(alloc)
+            i += 1
+        held = cm.tree.num_state_slots
+        assert held == slots - 1
+        tokens = [500, 501, 502, 503, 504]
+        alloc = cm.admit(tokens, 5)  # takes the last free slot
+        cm.ensure_kv(alloc, 4)
+        assert cm.schedule_checkpoint(alloc, 4, copy_after_step=True) is not None  # evicts
+        assert cm.tree.num_state_slots == held - 1 - want_spare, (slots, held, cm.tree.num_state_slots)
+        assert cm.state_slots.num_free == want_spare
+        for _ in range(want_spare):  # the next checkpoints evict nothing
+            assert cm.admit([600 + i, 7, 7, 7, 7], 5) is not None
+            i += 1
+        assert cm.tree.num_state_slots == held - 1 - want_spare and cm.state_slots.num_free == 0
