@@ -1,0 +1,93 @@
+"""Host cost of scheduling under load (issue 12, `loaded_tpot_bs64_over_decode_step`): the
+scheduler's time per step in `loaded_tpot.py`'s closed loop, run on the CPU with the demo model
+and CUDA's scheduling defaults (256 sequences, 8,192-token steps and chunks, prompts held for
+16 steps) and a state pool of the 2.3B model's size on an H200 (792 slots), so that the tree
+fills with checkpoints (prompt intervals and replies) and admissions evict, as on the card.
+Only `Scheduler.schedule` is timed; the forward is the CPU's and takes most of the run.
+
+    python benchmarks/schedule_cost.py [--num-prompts 320] [--state-slots 792]
+        [--spare-max 0,32] [--json OUT.json]
+
+`--spare-max`: values of `CacheManager.EVICT_SPARE_MAX` to run, each on a fresh engine with
+the same workload (0: one eviction pass over the checkpoints per slot needed, as before
+5c4ff91). The steps whose scheduling took over 2 ms are the admitting ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def run(num_prompts: int, state_slots: int, spare_max: int, seed: int) -> dict:
+    import torch
+
+    from hybrid_serve import LLM
+    from hybrid_serve.mem_cache import CacheManager
+    from loaded_tpot import closed_loop
+    from throughput import workload
+
+    torch.set_num_threads(2)
+    CacheManager.EVICT_SPARE_MAX = spare_max
+    llm = LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
+              prefill_hold_steps=16, num_state_slots_override=state_slots, max_model_len=4096)
+    engine = llm.engine
+    sched = engine.scheduler
+    real, times = sched.schedule, []
+
+    def schedule(*a, **k):
+        t = time.perf_counter()
+        try:
+            return real(*a, **k)
+        finally:
+            times.append(time.perf_counter() - t)
+
+    sched.schedule = schedule
+    evictions = {"calls": 0}
+    real_evict = engine.cache.tree.evict_state
+
+    def evict_state(*a, **k):
+        evictions["calls"] += 1
+        return real_evict(*a, **k)
+
+    engine.cache.tree.evict_state = evict_state
+    t = time.perf_counter()
+    closed_loop(engine, workload(num_prompts, 512, 128, 0.5, 4096, seed), 64)
+    slow = [x for x in times if x > 0.002]
+    return {"spare_max": spare_max, "loop_s": time.perf_counter() - t, "steps": len(times),
+            "schedule_sum_ms": sum(times) * 1e3, "schedule_max_ms": max(times) * 1e3,
+            "schedule_median_ms": statistics.median(times) * 1e3,
+            "over_2ms": {"steps": len(slow), "sum_ms": sum(slow) * 1e3},
+            "slowest_ms": [round(x * 1e3, 2) for x in sorted(times)[-10:]],
+            "evict_state_calls": evictions["calls"], "checkpoints_evicted": engine.cache.stats.evicted_checkpoints}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--num-prompts", type=int, default=320)
+    ap.add_argument("--state-slots", type=int, default=792)
+    ap.add_argument("--spare-max", default="0,32")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    for spare in (int(x) for x in args.spare_max.split(",")):
+        row = run(args.num_prompts, args.state_slots, spare, args.seed)
+        rows.append(row)
+        print(f"EVICT_SPARE_MAX {spare:3d}: schedule sum {row['schedule_sum_ms']:.0f} ms over {row['steps']} steps, "
+              f"max {row['schedule_max_ms']:.1f} ms; steps over 2 ms: {row['over_2ms']['steps']} "
+              f"({row['over_2ms']['sum_ms']:.1f} ms); evict_state calls {row['evict_state_calls']}, "
+              f"checkpoints evicted {row['checkpoints_evicted']}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "schedule_cost", "num_prompts": args.num_prompts, "state_slots": args.state_slots,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
