@@ -60,7 +60,7 @@ class CacheStats:
 class CacheManager:
     # A state-slot eviction takes up to min(EVICT_SPARE_MAX, checkpoints held // EVICT_SPARE_PER)
     # more checkpoints of the same kind with it (`RadixCache.evict_state(spare=)`): none in a
-    # small pool, where each checkpoint counts; 1 in 64 of them in a large one.
+    # small pool, where each checkpoint counts; 1 in 32 of them in a large one.
     EVICT_SPARE_PER = 32
     EVICT_SPARE_MAX = 32
 
