@@ -24,7 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def run(num_prompts: int, state_slots: int, spare_max: int, seed: int) -> dict:
+def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len: int = 512, output_len: int = 128,
+        concurrency: int = 64) -> dict:
     import torch
 
     from hybrid_serve import LLM
@@ -33,7 +34,7 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int) -> dict:
     from throughput import workload
 
     torch.set_num_threads(2)
-    CacheManager.EVICT_SPARE_MAX = spare_max
+    default_spare_max, CacheManager.EVICT_SPARE_MAX = CacheManager.EVICT_SPARE_MAX, spare_max
     llm = LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
               prefill_hold_steps=16, num_state_slots_override=state_slots, max_model_len=4096)
     engine = llm.engine
@@ -57,7 +58,8 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int) -> dict:
 
     engine.cache.tree.evict_state = evict_state
     t = time.perf_counter()
-    closed_loop(engine, workload(num_prompts, 512, 128, 0.5, 4096, seed), 64)
+    closed_loop(engine, workload(num_prompts, input_len, output_len, 0.5, 4096, seed), concurrency)
+    CacheManager.EVICT_SPARE_MAX = default_spare_max
     slow = [x for x in times if x > 0.002]
     return {"spare_max": spare_max, "loop_s": time.perf_counter() - t, "steps": len(times),
             "schedule_sum_ms": sum(times) * 1e3, "schedule_max_ms": max(times) * 1e3,

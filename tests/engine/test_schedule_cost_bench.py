@@ -1,0 +1,25 @@
+"""benchmarks/schedule_cost.py on a tiny workload (CPU, demo model): the closed loop runs, the
+state pool fills so that admissions evict, and evicting a few ahead makes fewer passes over
+the checkpoints for as many evicted."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+
+
+@pytest.mark.xdist_group("cpu_engine")
+def test_schedule_cost_runs_and_spare_saves_passes():
+    from schedule_cost import run
+
+    from hybrid_serve.mem_cache import CacheManager
+
+    default = CacheManager.EVICT_SPARE_MAX
+    one = run(160, 72, 0, 0, input_len=48, output_len=8, concurrency=8)  # ~64 checkpoints held: spare 2
+    ahead = run(160, 72, 32, 0, input_len=48, output_len=8, concurrency=8)
+    assert CacheManager.EVICT_SPARE_MAX == default  # restored
+    assert one["steps"] > 0 and one["checkpoints_evicted"] > 8
+    assert one["evict_state_calls"] >= one["checkpoints_evicted"]  # one pass per slot (or none found)
+    assert ahead["evict_state_calls"] < one["evict_state_calls"]
+    assert ahead["checkpoints_evicted"] >= one["checkpoints_evicted"] - 2
