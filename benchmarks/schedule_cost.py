@@ -8,7 +8,8 @@ Only `Scheduler.schedule` is timed; the forward is the CPU's and takes most of t
     python benchmarks/schedule_cost.py [--num-prompts 320] [--state-slots 792]
         [--spare-max 0,32] [--json OUT.json]
 
-`--spare-max`: values of `CacheManager.EVICT_SPARE_MAX` to run, each on a fresh engine with
+`--spare-max`: values of `CacheManager.EVICT_SPARE_MAX` to run (set on each engine's cache
+manager), each on a fresh engine with
 the same workload (0: one eviction pass over the checkpoints per slot needed, as before
 5c4ff91). The steps whose scheduling took over 2 ms are the admitting ones.
 """
@@ -29,15 +30,14 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len
     import torch
 
     from hybrid_serve import LLM
-    from hybrid_serve.mem_cache import CacheManager
     from loaded_tpot import closed_loop
     from throughput import workload
 
     torch.set_num_threads(2)
-    default_spare_max, CacheManager.EVICT_SPARE_MAX = CacheManager.EVICT_SPARE_MAX, spare_max
     llm = LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
               prefill_hold_steps=16, num_state_slots_override=state_slots, max_model_len=4096)
     engine = llm.engine
+    engine.cache.EVICT_SPARE_MAX = spare_max  # this engine's cache manager only
     sched = engine.scheduler
     real, times = sched.schedule, []
 
@@ -59,7 +59,6 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len
     engine.cache.tree.evict_state = evict_state
     t = time.perf_counter()
     closed_loop(engine, workload(num_prompts, input_len, output_len, 0.5, 4096, seed), concurrency)
-    CacheManager.EVICT_SPARE_MAX = default_spare_max
     slow = [x for x in times if x > 0.002]
     return {"spare_max": spare_max, "loop_s": time.perf_counter() - t, "steps": len(times),
             "schedule_sum_ms": sum(times) * 1e3, "schedule_max_ms": max(times) * 1e3,

@@ -24,9 +24,11 @@ sampled rows); its input ids and positions are copied into the static buffers; t
 op_0 with the step's ForwardBatch in place of the capture's (its result copied into the
 static output), graph_1, ... The padding row's tokens compute garbage that nobody reads.
 
-The tensors a recorded op reads and writes live in the graph pool; after a size's capture the
-records keep non-owning views of them (the pool reuses that memory across sizes, whose graphs
-never run at the same time, as it does for the decode graphs). Model weights, the pools and
+The tensors a recorded op reads and writes live in the graph pool; as soon as an op is
+recorded, its record keeps non-owning views of them, so once the model's own code lets go of
+them a later graph of the same size (on replay the op has run by then, in stream order) or of
+another size (sizes never run at the same time, as with the decode graphs) reuses that memory:
+the pool holds about one layer's activations of the largest size. Model weights, the pools and
 anything else outside the graph pool stay referenced as they are.
 """
 from __future__ import annotations
@@ -169,8 +171,6 @@ class PiecewiseGraphs:
             for size in reversed(self.sizes):
                 try:
                     self.pieces[size] = self._capture(size, pool, graph_class or torch.cuda.CUDAGraph)
-                    if cuda:  # before the next size: its capture reuses this size's memory
-                        self._release(self.pieces[size], pool)
                 except torch.OutOfMemoryError:
                     # this size's activations do not fit beside the cache: its steps (and larger
                     # ones) run eagerly; the smaller sizes still get graphs
@@ -189,16 +189,6 @@ class PiecewiseGraphs:
         if cuda:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
-
-    def _release(self, pieces: Pieces, pool) -> None:
-        """Let the pool reuse a captured size's tensors: its recorded calls keep non-owning views
-        of them. Done after each size, so the pool holds about the largest size's activations,
-        not the sum over sizes (held to the end, they and the decode graphs' per-size logits
-        made 8.6 GB of graph pools on an H100, and eager 8k-token steps ran out of memory)."""
-        torch.cuda.synchronize(self.device)
-        ranges = self._pool_ranges(pool)
-        for call in pieces.calls:
-            call.release(lambda ptr: any(lo <= ptr < hi for lo, hi in ranges))
 
     def _pool_membership(self, pool):
         """`in_pool(address)` for the captures: the pool's segments are looked up again only for
@@ -230,7 +220,7 @@ class PiecewiseGraphs:
         self.model(ids, positions, fb)  # warm-up outside capture: compiles, fills the modules' caches
         self._sync()
         graphs, calls = [], []
-        in_pool = self._pool_membership(pool) if self.device.type == "cuda" else None
+        in_pool = self._pool_membership(pool) if pool is not None else None  # CUDA graphs (not a recorder)
 
         def begin() -> None:
             graphs.append(graph_class())
@@ -248,12 +238,9 @@ class PiecewiseGraphs:
             finally:
                 varlen.VARLEN_HOOK[0] = on_varlen_op
             if in_pool is not None:
-                # The record need not keep its inputs and output alive: on replay the op runs
-                # between its two graphs, in stream order, so a later graph may reuse their
-                # memory once the model's own code has let go of them (its activations of one
-                # layer, the output until the next graph has read it). Held to the size's end,
-                # every layer's mixer inputs and outputs stayed allocated side by side: 9.5 GiB
-                # of graph pools for the 2.3B model's 8,192-token size on an H200.
+                # The record need not keep its inputs and output alive (module docstring). Held
+                # to the size's end, every layer's mixer inputs and outputs stayed allocated side
+                # by side: 9.5 GiB of graph pools for the 2.3B model's 8,192-token size on an H200.
                 call.release(in_pool)
             calls.append(call)
             begin()

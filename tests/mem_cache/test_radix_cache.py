@@ -168,6 +168,32 @@ def test_insert_rejects_partial_pages(bad):
         RadixCache(PS, True).insert(bad, [], None)
 
 
+def _random_checkpoint_tree(rng) -> RadixCache:
+    """A tree of prompts sharing prefixes, each with checkpoints along it and at its end; some
+    paths locked (a running request), some touched by a match."""
+    tree = RadixCache(4, True)
+    base = [rng.randrange(50) for _ in range(4 * rng.randrange(1, 6))]
+    slot = page = 1
+    for _ in range(rng.randrange(3, 25)):
+        cut = 4 * rng.randrange(0, len(base) // 4 + 1)
+        tokens = base[:cut] + [rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))]
+        n = len(tokens) // 4
+        for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 3))} | {n}):
+            result = tree.insert(tokens[: 4 * q], list(range(page, page + q)), slot)
+            slot, page = slot + 1, page + q
+        if rng.random() < 0.3:
+            tree.lock(result.node)
+        if rng.random() < 0.5:
+            tree.match(tokens, len(tokens))
+    return tree
+
+
+def _eviction_order(tree: RadixCache):
+    """evict_state's documented order as a sort key: dominated first, then unlocked before
+    locked, least recently used first."""
+    return lambda n: (not tree._dominated(n), n.lock_ref > 0, n.last_access)
+
+
 def test_first_victim_is_the_sorted_orders_first_on_random_trees():
     """evict_state(1)'s one-pass choice (`_first_victim`) equals the first of the documented
     order (dominated first, then unlocked, then locked; least recently used within each; the
@@ -176,25 +202,10 @@ def test_first_victim_is_the_sorted_orders_first_on_random_trees():
 
     rng = random.Random(0)
     for trial in range(40):
-        tree = RadixCache(4, True)
-        base = [rng.randrange(50) for _ in range(4 * rng.randrange(1, 6))]
-        slot = page = 1
-        nodes = []
-        for _ in range(rng.randrange(3, 25)):
-            cut = 4 * rng.randrange(0, len(base) // 4 + 1)
-            tokens = base[:cut] + [rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))]
-            n = len(tokens) // 4
-            for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 3))} | {n}):
-                result = tree.insert(tokens[: 4 * q], list(range(page, page + q)), slot)
-                slot, page = slot + 1, page + q
-                nodes.append(result.node)
-            if rng.random() < 0.3:
-                tree.lock(nodes[-1])
-            if rng.random() < 0.5:
-                tree.match(tokens, len(tokens))
+        tree = _random_checkpoint_tree(rng)
         holders = list(tree._holders)
         keep = rng.choice(holders) if holders and rng.random() < 0.3 else None
-        order = lambda n: (not tree._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
+        order = _eviction_order(tree)
         candidates = [n for n in tree._holders if n is not keep]
         want = min(candidates, key=order) if candidates else None
         assert tree._first_victim(keep) is want, trial
@@ -277,21 +288,8 @@ def test_evict_state_spare_takes_the_next_of_the_same_kind_only():
 
     rng = random.Random(2)
     for trial in range(40):
-        tree = RadixCache(4, True)
-        base = [rng.randrange(50) for _ in range(4 * rng.randrange(1, 6))]
-        slot = page = 1
-        for _ in range(rng.randrange(3, 25)):
-            cut = 4 * rng.randrange(0, len(base) // 4 + 1)
-            tokens = base[:cut] + [rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))]
-            n = len(tokens) // 4
-            for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 3))} | {n}):
-                result = tree.insert(tokens[: 4 * q], list(range(page, page + q)), slot)
-                slot, page = slot + 1, page + q
-            if rng.random() < 0.3:
-                tree.lock(result.node)
-            if rng.random() < 0.5:
-                tree.match(tokens, len(tokens))
-        order = lambda n: (not tree._dominated(n), n.lock_ref > 0, n.last_access)  # noqa: E731
+        tree = _random_checkpoint_tree(rng)
+        order = _eviction_order(tree)
         ranked = sorted(tree._holders, key=order)
         spare = rng.randrange(0, 6)
         kind = order(ranked[0])[:2]
