@@ -83,7 +83,7 @@ def run_variant(engine, decode_rows: int, prompts: int, prompt_len: int, vocab: 
             rec[1] += 1
         out["gpu_ms"] = sum(v[0] for v in by_name.values())
         out["kernels"] = sum(v[1] for v in by_name.values())
-        out["top"] = sorted(([k, round(v[0], 3), v[1]] for k, v in by_name.items()), key=lambda r: -r[1])[:10]
+        out["top"] = sorted(([k, round(v[0], 3), v[1]] for k, v in by_name.items()), key=lambda r: -r[1])[:40]
     elif queued_ahead:
         # GPU time with the host run ahead: a sleep kernel holds the stream while the step queues
         # its launches, then events time the queued work (the end event follows the step's own

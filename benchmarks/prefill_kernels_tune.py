@@ -5,6 +5,8 @@ Each row checks its output against the first variant of its table first.
 
     python benchmarks/prefill_kernels_tune.py [attention] [conv] [variants] [--json OUT]
 
+`state_rows`: the GDN state kernel's choices at 9 x 512 and 18 x 256 (a loaded step's prompts).
+`prepare_variants`: the GDN prepare kernel's PREPARE_* choices at an 8k row and at 9 x 512.
 `variants`: the choices the kernels keep as module-level switches, at each family's 8k shapes:
 the conv's tiled kernel against its scan kernel (`conv_variants`), and the chunked state
 kernel's value block and pipelining stages, GDN and Mamba2 SSD, and SSD's state split in two
@@ -243,6 +245,130 @@ def state_variants(T=8192) -> list[dict]:
     return rows
 
 
+def _gdn_rows(lens: list[int], g: torch.Generator):
+    """GDN inputs at the 2.3B shapes (16 key heads, 32 value heads of 128; bf16, q and k unit
+    rows) for rows of `lens` tokens, each checkpointed every 256 tokens: (tokens, chunk table,
+    state slots, q, k, v, gate, beta, a state pool)."""
+    dev, bf = "cuda", torch.bfloat16
+    T = sum(lens)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    ckpts = [(b, o) for b, n in enumerate(lens) for o in range(256, n, 256)]
+    ckpts = [(b, o, 2 + len(lens) + i) for i, (b, o) in enumerate(ckpts)]
+    chunks = build_chunk_table(cu, [0] * len(lens), ckpts, dev, 64)
+    slots = torch.arange(1, len(lens) + 1, device=dev, dtype=torch.int32)
+    q, k = (torch.nn.functional.normalize(torch.randn(T, 16, 128, device=dev, generator=g), dim=-1).to(bf)
+            for _ in range(2))
+    v = torch.randn(T, 32, 128, device=dev, dtype=bf, generator=g)
+    gate, beta = gdn_gating(torch.randn(T, 32, device=dev, dtype=bf, generator=g),
+                            torch.randn(T, 32, device=dev, dtype=bf, generator=g),
+                            torch.rand(32, device=dev) * 2, torch.randn(32, device=dev))
+    pool = torch.randn(2 + len(lens) + len(ckpts) + 8, 32, 128, 128, device=dev) * 0.01
+    return T, chunks, slots, q, k, v, gate.float().contiguous(), beta.contiguous(), pool
+
+
+def prepare_variants() -> list[dict]:
+    """The GDN prepare kernel (w, u) at the 2.3B shapes, each PREPARE_* choice: one 8k row and
+    nine rows of 512 (a loaded step's prompts); the kernel alone, then the whole chunked
+    recurrence, errors against the first variant."""
+    dev, bf = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    saved = (triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_SPLIT, triton_chunk.PREPARE_WARPS)
+    rows = []
+    for lens in ([8192], [512] * 9):
+        T, chunks, slots, q, k, v, gate, beta, pool0 = _gdn_rows(lens, g)
+        w, u = torch.empty(T, 32, 128, device=dev, dtype=bf), torch.empty(T, 32, 128, device=dev, dtype=bf)
+        common = dict(HEADS_PER_K=2, K=128, V=128, BT=64, DOT_PRECISION="tf32")
+        want = None
+        for inverse in ("substitution", "powers"):
+            for split in (False, True):
+                for warps in (4, 8, 2):
+                    triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_SPLIT, triton_chunk.PREPARE_WARPS = \
+                        inverse, split, warps
+                    triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
+                    ms = cuda_ms(lambda: triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common),
+                                 reps=20)
+                    pool = pool0.clone()
+                    out = gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks, use_qk_l2norm=False)
+                    full_ms = cuda_ms(lambda: gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks,
+                                                                       use_qk_l2norm=False), reps=10)
+                    if want is None:
+                        want = (w.clone(), u.clone(), out)
+                    err = max(rel(w, want[0]), rel(u, want[1]), rel(out, want[2]))
+                    rows.append({"table": "prepare", "rows": len(lens), "tokens": T, "inverse": inverse,
+                                 "split": split, "warps": warps, "prepare_ms": ms, "recurrence_ms": full_ms,
+                                 "err": err})
+                    print(f"  prepare {len(lens)}x{lens[0]:5d} {inverse:12s} split {split!s:5s} warps {warps}  "
+                          f"{ms:7.3f} ms  (whole recurrence {full_ms:7.3f} ms)  err {err:.1e}", flush=True)
+        triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_SPLIT, triton_chunk.PREPARE_WARPS = saved
+        # the state and output kernels (GDN's entries of their lists), whole recurrence timed
+        for kernel, knobs in (("state", ((32, 4), (32, 2), (16, 2), (16, 4), (64, 4), (32, 8))),
+                              ("output", ((64, 4), (64, 2), (32, 2), (32, 4), (128, 4), (128, 8), (64, 8)))):
+            lists = ((triton_chunk.STATE_BLOCK_V, triton_chunk.STATE_WARPS) if kernel == "state"
+                     else (triton_chunk.OUTPUT_BLOCK_V, triton_chunk.OUTPUT_WARPS))
+            defaults = (lists[0][0], lists[1][0])
+            for block_v, warps in knobs:
+                lists[0][0], lists[1][0] = block_v, warps
+                pool = pool0.clone()
+                out = gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks, use_qk_l2norm=False)
+                full_ms = cuda_ms(lambda: gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks,
+                                                                   use_qk_l2norm=False), reps=10)
+                err = rel(out, want[2])
+                rows.append({"table": kernel, "rows": len(lens), "tokens": T, "block_v": block_v, "warps": warps,
+                             "recurrence_ms": full_ms, "err": err})
+                print(f"  {kernel:6s} {len(lens)}x{lens[0]:5d} block_v {block_v:3d} warps {warps}  whole recurrence "
+                      f"{full_ms:7.3f} ms  err {err:.1e}", flush=True)
+            lists[0][0], lists[1][0] = defaults
+    return rows
+
+
+def gdn_state_many_rows() -> list[dict]:
+    """The GDN state kernel where a loaded step's prompts put it: many short rows (9 x 512,
+    18 x 256) fill the grid, where one 8k row (state_variants) leaves it a single wave. Value
+    block x pipelining stages x warps, the kernel alone (u restored before each call); errors
+    against the first variant."""
+    dev, bf = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(0)
+    saved = (list(triton_chunk.STATE_BLOCK_V), list(triton_chunk.STATE_STAGES), list(triton_chunk.STATE_WARPS),
+             triton_chunk.STATE_MANY_ROWS_PROGRAMS_PER_SM)
+    triton_chunk.STATE_MANY_ROWS_PROGRAMS_PER_SM = 1 << 30  # these rows: the lists' choice, always
+    rows = []
+    for lens in ([512] * 9, [256] * 18):
+        T, chunks, slots, _, k, v, gate, beta, pool0 = _gdn_rows(lens, g)
+        w, u = torch.empty(T, 32, 128, device=dev, dtype=bf), torch.empty(T, 32, 128, device=dev, dtype=bf)
+        common = dict(HEADS_PER_K=2, K=128, V=128, BT=64, DOT_PRECISION="tf32")
+        triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
+        h = torch.empty(chunks.num_chunks, 32, 128, 128, device=dev, dtype=bf)
+        vnew, pool = torch.empty_like(u), pool0.clone()
+        state_kv = (pool.stride(2), pool.stride(3))
+
+        def call():
+            vnew.copy_(u)
+            triton_chunk._chunk_states(k, v, gate, w, vnew, h, pool, slots, chunks, state_kv, 128, 128, True, common)
+
+        copy_ms = cuda_ms(lambda: vnew.copy_(u), reps=20)
+        want = None
+        for block_v in (32, 64, 16):
+            for stages in (2, 1, 3):
+                for warps in (4, 2, 8):
+                    triton_chunk.STATE_BLOCK_V[0], triton_chunk.STATE_STAGES[0], triton_chunk.STATE_WARPS[0] = \
+                        block_v, stages, warps
+                    pool.copy_(pool0)
+                    call()
+                    out = (vnew.clone(), pool.clone())
+                    want = want or out
+                    ms = min(cuda_ms(call, reps=20) for _ in range(2)) - copy_ms
+                    err = max(rel(out[0], want[0]), rel(out[1].nan_to_num(), want[1].nan_to_num()))
+                    rows.append({"table": "gdn_state_rows", "rows": len(lens), "tokens": T, "block_v": block_v,
+                                 "stages": stages, "warps": warps, "state_ms": ms, "err": err})
+                    print(f"  gdn state {len(lens):2d}x{lens[0]} block_v {block_v:2d} stages {stages} warps {warps}  "
+                          f"{ms:7.3f} ms  err {err:.1e}", flush=True)
+    (triton_chunk.STATE_BLOCK_V[:], triton_chunk.STATE_STAGES[:], triton_chunk.STATE_WARPS[:],
+     triton_chunk.STATE_MANY_ROWS_PROGRAMS_PER_SM) = saved
+    return rows
+
+
 if __name__ == "__main__":
     print(torch.cuda.get_device_name(0))
     parts = [a for a in sys.argv[1:] if not a.startswith("--") and not a.endswith(".json")] or ["attention", "conv"]
@@ -256,6 +382,10 @@ if __name__ == "__main__":
         result["conv"] = conv_variants()
     if "variants" in parts or "state_variants" in parts:
         result["state"] = state_variants()
+    if "state_rows" in parts:
+        result["state_rows"] = gdn_state_many_rows()
+    if "prepare_variants" in parts:
+        result["prepare"] = prepare_variants()
     if "--json" in sys.argv:
         with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
             json.dump(result, f, indent=1)

@@ -7,12 +7,20 @@ index they can see, so a bad index never writes outside the tensors it names.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
 import torch
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (8 off CUDA: the interpreter's stand-in), for
+    grids sized to the device."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 def next_pow2(n: int) -> int:

@@ -16,8 +16,6 @@ merges them. Softmax statistics and accumulation are fp32 throughout.
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -25,7 +23,7 @@ import triton.language as tl
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._common import (
     FLOAT_DTYPES, INDEX_DTYPES, check_cu_seqlens, check_index_range, check_launch_device, check_tensor,
-    index_checks_enabled, max_seqlen, next_pow2,
+    index_checks_enabled, max_seqlen, next_pow2, num_sms,
 )
 from .._launch import install_fast_launch
 from .._triton_common import pdl_enter
@@ -183,15 +181,10 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, kv_slots: torch.Tenso
     )
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-
-
 def _default_num_splits(q: torch.Tensor, q_blocks: int, num_kv_heads: int, max_context: int, block_n: int) -> int:
     """Enough programs for the device, as a power of two (NUM_SPLITS is a compile-time
     constant: powers of two keep the compiled variants to six, all compiled at warm-up)."""
-    sms = _num_sms(q.device)
+    sms = num_sms(q.device)
     splits = max(1, min((2 * sms) // max(q_blocks * num_kv_heads, 1), 32, triton.cdiv(max_context, block_n)))
     return 1 << (splits.bit_length() - 1)
 

