@@ -23,3 +23,13 @@ def test_schedule_cost_runs_and_spare_saves_passes():
     assert one["evict_state_calls"] >= one["checkpoints_evicted"]  # one pass per slot (or none found)
     assert ahead["evict_state_calls"] < one["evict_state_calls"]
     assert ahead["checkpoints_evicted"] >= one["checkpoints_evicted"] - 2
+
+
+@pytest.mark.xdist_group("cpu_engine")
+def test_schedule_cost_first_wave_cached_runs():
+    """--first-wave-cached: the first wave once before the timed loop (loaded_tpot.py's warm-up),
+    so the timed loop starts by admitting its prompts as cache hits; the first step is timed."""
+    from schedule_cost import run
+
+    row = run(24, 72, 32, 0, input_len=48, output_len=8, concurrency=8, first_wave_cached=True)
+    assert row["steps"] > 0 and 0 < row["first_step_schedule_ms"] <= row["schedule_max_ms"]
