@@ -54,16 +54,18 @@ def test_silu_and_mul_serving_shapes(t):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("t", [0, 1, 3])
-def test_sigmoid_gate_mul(dtype, t):
+@pytest.mark.parametrize("heads,dim", [(3, 20), (5, 1024)], ids=["one_head_block", "head_blocks"])
+def test_sigmoid_gate_mul(dtype, t, heads, dim):
     """The gate is the second half of each head of a [T, H, 2D] projection (strided), as in
-    Qwen3.5's attention; rounding as torch's ops in the same dtype."""
-    q_gate = _rand(t, 3, 2 * 20, dtype=dtype, seed=1)
-    gate = q_gate[..., 20:]
-    x = _rand(t, 3, 20, dtype=dtype, seed=2)
+    Qwen3.5's attention; rounding as torch's ops in the same dtype. 5 heads of 1,024: the
+    kernel's programs take 4 heads each (the last block masked)."""
+    q_gate = _rand(t, heads, 2 * dim, dtype=dtype, seed=1)
+    gate = q_gate[..., dim:]
+    x = _rand(t, heads, dim, dtype=dtype, seed=2)
     got = sigmoid_gate_mul(x, gate)
     want = sigmoid_gate_mul_ref(x.cpu(), gate.cpu())
-    assert got.shape == (t, 60) and got.dtype == dtype and got.is_contiguous()
-    torch_ops = x.cpu().reshape(t, 60) * torch.sigmoid(gate.cpu().reshape(t, 60))
+    assert got.shape == (t, heads * dim) and got.dtype == dtype and got.is_contiguous()
+    torch_ops = x.cpu().reshape(t, heads * dim) * torch.sigmoid(gate.cpu().reshape(t, heads * dim))
     if dtype == torch.bfloat16:
         assert torch.equal(want, torch_ops)  # the reference rounds as torch's ops do
     elif t:
