@@ -274,7 +274,7 @@ def prepare_variants() -> list[dict]:
     recurrence, errors against the first variant."""
     dev, bf = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
-    saved = (triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_SPLIT, triton_chunk.PREPARE_WARPS)
+    saved = (triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_WARPS)
     rows = []
     for lens in ([8192], [512] * 9):
         T, chunks, slots, q, k, v, gate, beta, pool0 = _gdn_rows(lens, g)
@@ -282,26 +282,23 @@ def prepare_variants() -> list[dict]:
         common = dict(HEADS_PER_K=2, K=128, V=128, BT=64, DOT_PRECISION="tf32")
         want = None
         for inverse in ("substitution", "powers"):
-            for split in (False, True):
-                for warps in (4, 8, 2):
-                    triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_SPLIT, triton_chunk.PREPARE_WARPS = \
-                        inverse, split, warps
-                    triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
-                    ms = cuda_ms(lambda: triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common),
-                                 reps=20)
-                    pool = pool0.clone()
-                    out = gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks, use_qk_l2norm=False)
-                    full_ms = cuda_ms(lambda: gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks,
-                                                                       use_qk_l2norm=False), reps=10)
-                    if want is None:
-                        want = (w.clone(), u.clone(), out)
-                    err = max(rel(w, want[0]), rel(u, want[1]), rel(out, want[2]))
-                    rows.append({"table": "prepare", "rows": len(lens), "tokens": T, "inverse": inverse,
-                                 "split": split, "warps": warps, "prepare_ms": ms, "recurrence_ms": full_ms,
-                                 "err": err})
-                    print(f"  prepare {len(lens)}x{lens[0]:5d} {inverse:12s} split {split!s:5s} warps {warps}  "
-                          f"{ms:7.3f} ms  (whole recurrence {full_ms:7.3f} ms)  err {err:.1e}", flush=True)
-        triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_SPLIT, triton_chunk.PREPARE_WARPS = saved
+            for warps in (4, 8, 2):
+                triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_WARPS = inverse, warps
+                triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
+                ms = cuda_ms(lambda: triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common),
+                             reps=20)
+                pool = pool0.clone()
+                out = gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks, use_qk_l2norm=False)
+                full_ms = cuda_ms(lambda: gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks,
+                                                                   use_qk_l2norm=False), reps=10)
+                if want is None:
+                    want = (w.clone(), u.clone(), out)
+                err = max(rel(w, want[0]), rel(u, want[1]), rel(out, want[2]))
+                rows.append({"table": "prepare", "rows": len(lens), "tokens": T, "inverse": inverse, "warps": warps,
+                             "prepare_ms": ms, "recurrence_ms": full_ms, "err": err})
+                print(f"  prepare {len(lens)}x{lens[0]:5d} {inverse:12s} warps {warps}  {ms:7.3f} ms  "
+                      f"(whole recurrence {full_ms:7.3f} ms)  err {err:.1e}", flush=True)
+        triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_WARPS = saved
         # the state and output kernels (GDN's entries of their lists), whole recurrence timed
         for kernel, knobs in (("state", ((32, 4), (32, 2), (16, 2), (16, 4), (64, 4), (32, 8))),
                               ("output", ((64, 4), (64, 2), (32, 2), (32, 4), (128, 4), (128, 8), (64, 8)))):

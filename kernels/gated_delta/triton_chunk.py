@@ -62,11 +62,10 @@ PASS_BLOCK_K, PASS_BLOCK_V, PASS_STAGES = 16, 64, 2
 LOCAL_BLOCK_V = 64
 # The prepare kernel's choices (benchmarks/prefill_kernels_tune.py times them): the diagonal
 # 16x16 blocks' inverse by forward substitution ("substitution": 16 row steps, each a
-# reduction across the block) or by the nilpotent product ("powers": six fp32 16x16 products);
-# w and u by one program per (chunk, head) or by two (PREPARE_SPLIT: each recomputes Tm and
-# holds half the tiles); warps per program.
+# reduction across the block) or by the nilpotent product ("powers": six fp32 16x16 products),
+# and warps per program. On an H200 at the 2.3B shapes (session 43) the product with 2 warps
+# was fastest; w and u in two programs (each recomputing Tm) was slower in every setting.
 PREPARE_INVERSE = "powers"
-PREPARE_SPLIT = False
 PREPARE_WARPS = 2
 
 
@@ -177,14 +176,13 @@ def _chunk_prepare_kernel(
     stride_k_t, stride_k_h, stride_v_t, stride_v_h, stride_g_t, stride_b_t,
     stride_w_t, stride_w_h, stride_u_t, stride_u_h,
     HEADS_PER_K: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE: tl.constexpr, SPLIT: tl.constexpr,
+    BV: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE: tl.constexpr,
 ):
     """w = Tm (beta exp(G) k), u = Tm (beta v) for one chunk (BT = 64 = 4 sub-chunks of 16) of
     one value head. Tm = (I + A)^-1 block by block: each diagonal 16x16 block by forward
     substitution or the nilpotent product (INVERSE), the blocks below it from them
-    (Tm_ij = -Tm_ii sum_k A_ik Tm_kj). With SPLIT, program_id(2) picks w (0) or u (1)."""
+    (Tm_ij = -Tm_ii sum_k A_ik Tm_kj)."""
     c, hv = tl.program_id(0), tl.program_id(1)
-    part = tl.program_id(2) if SPLIT else 0
     h = hv // HEADS_PER_K
     t0 = tl.load(chunk_start_ptr + c).to(tl.int64)
     n = tl.load(chunk_len_ptr + c)
@@ -214,12 +212,10 @@ def _chunk_prepare_kernel(
     T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
     T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
     # w = Tm (beta exp(G) k), u = Tm (beta v)
-    if (not SPLIT) or part == 0:
-        _prepare_w(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, k0, k1, k2, k3, G0, G1, G2, G3, b0, b1, b2, b3,
-                   w_ptr, stride_w_t, hv * stride_w_h, t0, n, K, BK, DOT_PRECISION)
-    if (not SPLIT) or part == 1:
-        _prepare_u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, v_ptr, stride_v_t,
-                   hv * stride_v_h, u_ptr, stride_u_t, hv * stride_u_h, t0, n, V, BV, DOT_PRECISION)
+    _prepare_w(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, k0, k1, k2, k3, G0, G1, G2, G3, b0, b1, b2, b3,
+               w_ptr, stride_w_t, hv * stride_w_h, t0, n, K, BK, DOT_PRECISION)
+    _prepare_u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, b0, b1, b2, b3, v_ptr, stride_v_t,
+               hv * stride_v_h, u_ptr, stride_u_t, hv * stride_u_h, t0, n, V, BV, DOT_PRECISION)
 
 
 @triton.jit
@@ -470,11 +466,11 @@ def chunked_recurrence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: tor
 def chunk_prepare(k, v, g, beta, w, u, chunks: ChunkTable, bk, bv, common) -> None:
     """The prepare kernel (delta rule): w and u of every chunk (module docstring), with the
     module's PREPARE_* choices. u goes where the state kernel then writes v'."""
-    _chunk_prepare_kernel[(chunks.num_chunks, v.shape[1], 2 if PREPARE_SPLIT else 1)](
+    _chunk_prepare_kernel[(chunks.num_chunks, v.shape[1])](
         k, v, g, beta, w, u, chunks.chunk_start, chunks.chunk_len,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        BK=bk, BV=bv, INVERSE=PREPARE_INVERSE, SPLIT=PREPARE_SPLIT, num_warps=PREPARE_WARPS, **common)
+        BK=bk, BV=bv, INVERSE=PREPARE_INVERSE, num_warps=PREPARE_WARPS, **common)
 
 
 def _chunk_states(k, v, g, w, vnew, h, states, state_slots, chunks: ChunkTable, state_kv, bk, bv, delta, common):
