@@ -27,7 +27,7 @@ from hybrid_serve.kernels.causal_conv1d import causal_conv1d_varlen
 from hybrid_serve.kernels.causal_conv1d import triton_conv
 from hybrid_serve.kernels._chunks import build_chunk_table
 from hybrid_serve.kernels.gated_delta import gated_delta_rule_chunked, gdn_gating
-from hybrid_serve.kernels.gated_delta import triton_chunk
+from hybrid_serve.kernels.gated_delta import triton_chunk, triton_wy
 from hybrid_serve.kernels.mamba_ssm import ssd_chunked
 
 
@@ -274,7 +274,7 @@ def prepare_variants() -> list[dict]:
     recurrence, errors against the first variant."""
     dev, bf = "cuda", torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(0)
-    saved = (triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_WARPS)
+    saved = (triton_wy.PREPARE_INVERSE, triton_wy.PREPARE_WARPS)
     rows = []
     for lens in ([8192], [512] * 9):
         T, chunks, slots, q, k, v, gate, beta, pool0 = _gdn_rows(lens, g)
@@ -283,9 +283,9 @@ def prepare_variants() -> list[dict]:
         want = None
         for inverse in ("substitution", "powers"):
             for warps in (4, 8, 2):
-                triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_WARPS = inverse, warps
-                triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
-                ms = cuda_ms(lambda: triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common),
+                triton_wy.PREPARE_INVERSE, triton_wy.PREPARE_WARPS = inverse, warps
+                triton_wy.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
+                ms = cuda_ms(lambda: triton_wy.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common),
                              reps=20)
                 pool = pool0.clone()
                 out = gated_delta_rule_chunked(q, k, v, gate, beta, pool, slots, chunks, use_qk_l2norm=False)
@@ -298,7 +298,7 @@ def prepare_variants() -> list[dict]:
                              "prepare_ms": ms, "recurrence_ms": full_ms, "err": err})
                 print(f"  prepare {len(lens)}x{lens[0]:5d} {inverse:12s} warps {warps}  {ms:7.3f} ms  "
                       f"(whole recurrence {full_ms:7.3f} ms)  err {err:.1e}", flush=True)
-        triton_chunk.PREPARE_INVERSE, triton_chunk.PREPARE_WARPS = saved
+        triton_wy.PREPARE_INVERSE, triton_wy.PREPARE_WARPS = saved
         # the state and output kernels (GDN's entries of their lists), whole recurrence timed
         for kernel, knobs in (("state", ((32, 4), (32, 2), (16, 2), (16, 4), (64, 4), (32, 8))),
                               ("output", ((64, 4), (64, 2), (32, 2), (32, 4), (128, 4), (128, 8), (64, 8)))):
@@ -335,7 +335,7 @@ def gdn_state_many_rows() -> list[dict]:
         T, chunks, slots, _, k, v, gate, beta, pool0 = _gdn_rows(lens, g)
         w, u = torch.empty(T, 32, 128, device=dev, dtype=bf), torch.empty(T, 32, 128, device=dev, dtype=bf)
         common = dict(HEADS_PER_K=2, K=128, V=128, BT=64, DOT_PRECISION="tf32")
-        triton_chunk.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
+        triton_wy.chunk_prepare(k, v, gate, beta, w, u, chunks, 128, 128, common)
         h = torch.empty(chunks.num_chunks, 32, 128, 128, device=dev, dtype=bf)
         vnew, pool = torch.empty_like(u), pool0.clone()
         state_kv = (pool.stride(2), pool.stride(3))

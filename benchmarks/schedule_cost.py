@@ -41,14 +41,15 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len
     engine = llm.engine
     engine.cache.EVICT_SPARE_MAX = spare_max  # this engine's cache manager only
     sched = engine.scheduler
-    real, times = sched.schedule, []
+    real, times, first_chunks = sched.schedule, [], []
 
     def schedule(*a, **k):
         t = time.perf_counter()
-        try:
-            return real(*a, **k)
-        finally:
-            times.append(time.perf_counter() - t)
+        chunks = real(*a, **k)
+        times.append(time.perf_counter() - t)
+        if len(times) == 1:
+            first_chunks.extend((c.num_tokens, c.request.num_cached_tokens) for c in chunks)
+        return chunks
 
     sched.schedule = schedule
     evictions = {"calls": 0}
@@ -71,6 +72,8 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len
     return {"spare_max": spare_max, "loop_s": time.perf_counter() - t, "steps": len(times),
             "schedule_sum_ms": sum(times) * 1e3, "schedule_max_ms": max(times) * 1e3,
             "schedule_median_ms": statistics.median(times) * 1e3, "first_step_schedule_ms": times[0] * 1e3,
+            "first_step": {"rows": len(first_chunks), "tokens": sum(n for n, _ in first_chunks),
+                           "cached_tokens": sum(c or 0 for _, c in first_chunks)},
             "over_2ms": {"steps": len(slow), "sum_ms": sum(slow) * 1e3},
             "slowest_ms": [round(x * 1e3, 2) for x in sorted(times)[-10:]],
             "evict_state_calls": evictions["calls"], "checkpoints_evicted": engine.cache.stats.evicted_checkpoints}

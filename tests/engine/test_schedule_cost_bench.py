@@ -31,5 +31,9 @@ def test_schedule_cost_first_wave_cached_runs():
     so the timed loop starts by admitting its prompts as cache hits; the first step is timed."""
     from schedule_cost import run
 
-    row = run(24, 72, 32, 0, input_len=48, output_len=8, concurrency=8, first_wave_cached=True)
-    assert row["steps"] > 0 and 0 < row["first_step_schedule_ms"] <= row["schedule_max_ms"]
+    cold = run(24, 72, 32, 0, input_len=48, output_len=8, concurrency=8)
+    warm = run(24, 72, 32, 0, input_len=48, output_len=8, concurrency=8, first_wave_cached=True)
+    assert warm["steps"] > 0 and 0 < warm["first_step_schedule_ms"] <= warm["schedule_max_ms"]
+    assert cold["first_step"]["rows"] == warm["first_step"]["rows"] == 8  # the whole first wave admitted
+    assert cold["first_step"]["cached_tokens"] == 0 < warm["first_step"]["cached_tokens"]
+    assert warm["first_step"]["tokens"] < cold["first_step"]["tokens"]

@@ -57,9 +57,9 @@ def test_chunked_fp32_matches_ref(lens, prefix_lens, slots, ckpts):
 def test_chunked_prepare_by_substitution_matches_ref(monkeypatch):
     """The prepare kernel's other inverse of the diagonal blocks (forward substitution; the
     default is the nilpotent product) gives the reference's outputs, states and checkpoints."""
-    from hybrid_serve.kernels.gated_delta import triton_chunk
+    from hybrid_serve.kernels.gated_delta import triton_wy
 
-    monkeypatch.setattr(triton_chunk, "PREPARE_INVERSE", "substitution")
+    monkeypatch.setattr(triton_wy, "PREPARE_INVERSE", "substitution")
     lens, prefix_lens, slots, ckpts = CASES[1]
     _check(lens, prefix_lens, slots, ckpts, 2, 4, 16, 16, torch.float32, 1e-5)
     _check([90, 20], [10, 0], [1, 2], [(0, 54, 4)], 1, 2, 32, 32, torch.bfloat16, 3e-2)

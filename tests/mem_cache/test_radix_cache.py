@@ -168,6 +168,12 @@ def test_insert_rejects_partial_pages(bad):
         RadixCache(PS, True).insert(bad, [], None)
 
 
+def _prompt_sharing(rng, base: list[int], vocab: int, max_new_pages: int) -> list[int]:
+    """`base` cut at a page boundary (page size 4), then 1 .. max_new_pages - 1 pages of new tokens."""
+    cut = 4 * rng.randrange(0, len(base) // 4 + 1)
+    return base[:cut] + [rng.randrange(vocab) for _ in range(4 * rng.randrange(1, max_new_pages))]
+
+
 def _random_checkpoint_tree(rng) -> RadixCache:
     """A tree of prompts sharing prefixes, each with checkpoints along it and at its end; some
     paths locked (a running request), some touched by a match."""
@@ -175,8 +181,7 @@ def _random_checkpoint_tree(rng) -> RadixCache:
     base = [rng.randrange(50) for _ in range(4 * rng.randrange(1, 6))]
     slot = page = 1
     for _ in range(rng.randrange(3, 25)):
-        cut = 4 * rng.randrange(0, len(base) // 4 + 1)
-        tokens = base[:cut] + [rng.randrange(50) for _ in range(4 * rng.randrange(1, 5))]
+        tokens = _prompt_sharing(rng, base, 50, 5)
         n = len(tokens) // 4
         for q in sorted({rng.randrange(1, n + 1) for _ in range(rng.randrange(1, 3))} | {n}):
             result = tree.insert(tokens[: 4 * q], list(range(page, page + q)), slot)
@@ -231,8 +236,7 @@ def test_insert_from_a_start_node_equals_the_walk_from_the_root():
         base = [rng.randrange(6) for _ in range(4 * rng.randrange(1, 8))]
         page = slot = 1
         for _ in range(rng.randrange(1, 6)):
-            cut = 4 * rng.randrange(0, len(base) // 4 + 1)
-            tokens = base[:cut] + [rng.randrange(6) for _ in range(4 * rng.randrange(1, 8))]
+            tokens = _prompt_sharing(rng, base, 6, 8)
             n = len(tokens) // 4
             pages = list(range(page, page + n))
             page += n
