@@ -6,10 +6,13 @@ experts, top-10), dummy bf16 weights, one GPU.
 
     python benchmarks/moe_decode_ab.py [--model qwen3_next_80b_12l] [--batches 1,4,16] [--profile]
     python benchmarks/moe_decode_ab.py --ab pdl --repeats 2   # one-row tiles, HYBRID_SERVE_PDL 0 / 1
+    python benchmarks/moe_decode_ab.py --ab add_norm          # HYBRID_SERVE_FUSE_ADD_NORM default / 0
 
 `--ab pdl` compares programmatic dependent launch off and on (kernels/_launch.py), both with
 one-row tiles, in alternating processes' engines (off, on, off, on, ...); the table gives each
-setting's median over its repeats.
+setting's median over its repeats. `--ab add_norm` compares a decoder layer's residual add and
+norm inside the next projection's launch (models/layers/ops.py's PendingAddNorm) against their
+own launch.
 
 Roofline: the bytes a step reads (family_gpu_check.weight_accounting: every weight but the
 experts once, top_k / E of the experts at batch 1, the embedding's one row; at batch B the
@@ -50,11 +53,21 @@ AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
     "one_row": (("1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1"}), ("0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "0"})),
     "pdl": (("pdl0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "0"}),
             ("pdl1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "1"})),
+    "add_norm": (("default", {}), ("separate", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"})),
+    "add_norm_kinds": (("all", {"HYBRID_SERVE_FUSE_ADD_NORM": "1"}), ("none", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"}),
+                       ("gdn", {"HYBRID_SERVE_FUSE_ADD_NORM": "gdn"}),
+                       ("attn_mlp_moe", {"HYBRID_SERVE_FUSE_ADD_NORM": "attention,mlp,moe"}),
+                       ("all_8x512", {"HYBRID_SERVE_FUSE_ADD_NORM": "1", "HYBRID_SERVE_ADD_NORM_TILE": "8,512"})),
+    "add_norm_after": (("none", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"}), ("default", {}),
+                       ("default_after", {"HYBRID_SERVE_ADD_NORM_AFTER": "1"}),
+                       ("all_after", {"HYBRID_SERVE_FUSE_ADD_NORM": "1", "HYBRID_SERVE_ADD_NORM_AFTER": "1"})),
     "none": (("default", {}),),  # one engine per repeat with every setting at its default (tree A/B runs)
 }
 
 
-def run(model_dir: str, env: dict, batches: list[int], steps: int, profile: bool) -> dict:
+def run(model_dir: str, env: dict, batches: list[int], steps: int, profile: bool, unset: set = frozenset()) -> dict:
+    for key in unset:
+        os.environ.pop(key, None)  # the other settings' variables: back to the defaults
     os.environ.update(env)  # read when the decode graphs are captured
     llm = LLM(model=model_dir, device="cuda", dtype="bfloat16", load_format="dummy", max_num_seqs=max(batches),
               max_num_batched_tokens=4096, chunked_prefill_size=2048, enable_prefix_caching=False,
@@ -93,7 +106,9 @@ def main() -> None:
         model_dir = write_model_dir(args.model, tmp)
         for repeat in range(args.repeats):
             for label, env in settings:
-                result["runs"].setdefault(label, []).append(run(model_dir, env, batches, args.steps, args.profile))
+                unset = {k for _, e in settings for k in e}
+                result["runs"].setdefault(label, []).append(run(model_dir, env, batches, args.steps, args.profile,
+                                                                unset))
                 print(f"{label} #{repeat}: {result['runs'][label][-1]['step_ms']}", flush=True)
     labels = [label for label, _ in settings]
     acct = result["runs"][labels[0]][0]["accounting"]

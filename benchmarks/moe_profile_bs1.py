@@ -4,7 +4,10 @@
 that all carry that request (moe_decode_ab.py's own --profile runs after its requests end),
 and decode_bench.breakdown (graph replay vs the step). JSON in $OUT.
 
-    python benchmarks/moe_profile_bs1.py [--model qwen3_next_80b_12l] [--batch 1] [--steps 20]
+    python benchmarks/moe_profile_bs1.py [--model qwen3_next_80b_12l] [--batch 1] [--steps 20] [--sequence]
+
+--sequence also lists one step's kernels in launch order with their durations and grids (from
+the profiler's trace), to set two settings' steps side by side kernel by kernel.
 """
 from __future__ import annotations
 
@@ -25,12 +28,30 @@ from hybrid_serve import LLM  # noqa: E402
 from hybrid_serve.engine.benchmarking import start_decode_batch  # noqa: E402
 
 
+def step_sequence(prof, steps: int) -> list[dict]:
+    """The kernels of the profiled steps' middle step, in start order: name, duration (us) and
+    grid, from the profiler's Chrome trace."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))
+    kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    starts = [i for i, e in enumerate(kernels) if "decode_fields" in e["name"]]  # one a step, in the graph
+    if len(starts) >= 3:
+        middle = kernels[starts[len(starts) // 2]: starts[len(starts) // 2 + 1]]
+    else:
+        per_step = len(kernels) // steps
+        middle = kernels[per_step * (steps // 2): per_step * (steps // 2 + 1)]
+    return [{"kernel": e["name"][:60], "us": e["dur"], "grid": e.get("args", {}).get("grid")} for e in middle]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_next_80b_12l")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--top", type=int, default=20, help="kernels listed, longest first")
+    ap.add_argument("--sequence", action="store_true", help="one step's kernels in order (JSON)")
+    ap.add_argument("--tag", default="", help="suffix of the JSON's name")
     args = ap.parse_args()
     os.environ.setdefault("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
     from torch.profiler import ProfilerActivity, profile
@@ -62,13 +83,16 @@ def main() -> None:
           f"{sum(e.count for e in events) / args.steps:.0f} kernels a step (profiler)")
     for row in top:
         print(f"  {row['ms_per_step']:7.3f} ms/step  x{row['calls_per_step']:<5.0f} {row['kernel'][:100]}")
+    sequence = step_sequence(prof, args.steps) if args.sequence else []
     breakdown(engine, args.batch)
     out_dir = os.environ.get("OUT", "./bench_out")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"moe_profile_bs{args.batch}_{args.model}_pdl{os.environ.get('HYBRID_SERVE_PDL', '1')}.json"), "w") as f:
+    name = f"moe_profile_bs{args.batch}_{args.model}_pdl{os.environ.get('HYBRID_SERVE_PDL', '1')}{args.tag}.json"
+    with open(os.path.join(out_dir, name), "w") as f:
         json.dump({"device": torch.cuda.get_device_name(0), "model": args.model, "batch": args.batch,
                    "step_ms": step_ms, "gpu_kernels_ms_per_step": gpu_ms,
-                   "kernels_per_step": sum(e.count for e in events) / args.steps, "top_kernels": top}, f, indent=1)
+                   "kernels_per_step": sum(e.count for e in events) / args.steps, "top_kernels": top,
+                   "step_sequence": sequence}, f, indent=1)
     llm.shutdown()
 
 

@@ -19,12 +19,22 @@ from .layers.gdn import GatedDeltaNetBase
 from .layers.mlp import GatedMLP
 from .mtp import MultiTokenPredictor
 from .layers.linear import KVParallelLinear, LinearGroup
+from .layers import ops
 from .forward_batch import ForwardBatch
+
+
+def _pending_norm_consumer(module: nn.Module) -> str | None:
+    """The consumer kind (kernels/switch.py's ADD_NORM_CONSUMERS) of a module whose forward takes
+    an `ops.PendingAddNorm` as hidden (its first reads of hidden are `ops.linear`-family
+    projections, which run the add and norm in their launch); None for any other module."""
+    return getattr(module, "pending_norm_consumer", None)
 
 
 class GatedAttention(nn.Module):
     """Full attention with an output gate: q_proj gives [q | gate] per head; q/k RMSNorm
     (zero-centered); partial rotary; out = o_proj(attn * sigmoid(gate))."""
+
+    pending_norm_consumer = "attention"  # hidden is read by the fused q/k/v projection alone
 
     def __init__(self, hf_config, attn_layer_id: int) -> None:
         super().__init__()
@@ -61,6 +71,8 @@ class GatedAttention(nn.Module):
 
 
 class Qwen3_5GatedDeltaNet(GatedDeltaNetBase):
+    pending_norm_consumer = "gdn"  # hidden is read by the fused in-projection alone (project_in)
+
     def __init__(self, hf_config, state_layer_id: int) -> None:
         super().__init__(hf_config, state_layer_id)
         h = hf_config.hidden_size
@@ -101,10 +113,16 @@ class Qwen3_5DecoderLayer(nn.Module):
         """hidden: the previous layer's MLP output (or the embeddings, with residual None);
         returns (this layer's MLP output, the residual stream before it). Each residual add
         runs fused with the norm that follows it."""
-        hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
         mixer = self.linear_attn if self.is_linear else self.self_attn
-        hidden, residual = self.post_attention_layernorm.add_and_norm(mixer(hidden, positions, fb), residual)
-        return self.mlp(hidden), residual
+        # at a decode row each add and norm runs inside the projection that reads it (PendingAddNorm)
+        hidden, residual = self.input_layernorm.add_and_norm(hidden, residual, defer_to=_pending_norm_consumer(mixer))
+        out = mixer(hidden, positions, fb)
+        ops.resolve(hidden)  # a mixer that left it unread: the add and norm still run (residual)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(out, residual,
+                                                                      defer_to=_pending_norm_consumer(self.mlp))
+        out = self.mlp(hidden)
+        ops.resolve(hidden)
+        return out, residual
 
 
 class _Backbone(nn.Module):

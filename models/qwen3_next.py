@@ -48,6 +48,8 @@ def attach_head_group_loader(param: nn.Parameter, num_groups: int) -> None:
 class Qwen3NextGatedDeltaNet(GatedDeltaNetBase):
     """GDN with fused, head-grouped input projections; reorders them into `mix()`'s inputs."""
 
+    pending_norm_consumer = "gdn"  # hidden is read by the fused in-projection alone (project_in)
+
     def __init__(self, hf_config, state_layer_id: int) -> None:
         super().__init__(hf_config, state_layer_id)
         h = hf_config.hidden_size

@@ -1,5 +1,5 @@
 from .._common import HAS_TRITON, missing_triton
-from .ref import skinny_linear_ref
+from .ref import ADD_NORM_MAX_K, AddNormInput, skinny_linear_ref
 
 if HAS_TRITON:
     from .triton_linear import FEW_ROWS_MAX_ROWS, SKINNY_MAX_ROWS, few_rows_linear, skinny_linear
@@ -8,4 +8,4 @@ else:
     skinny_linear = missing_triton("skinny_linear")
     few_rows_linear = missing_triton("few_rows_linear")
 
-__all__ = ["FEW_ROWS_MAX_ROWS", "SKINNY_MAX_ROWS", "few_rows_linear", "skinny_linear", "skinny_linear_ref"]
+__all__ = ["ADD_NORM_MAX_K", "AddNormInput", "FEW_ROWS_MAX_ROWS", "SKINNY_MAX_ROWS", "few_rows_linear", "skinny_linear", "skinny_linear_ref"]

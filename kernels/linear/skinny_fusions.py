@@ -10,18 +10,96 @@ import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
-from .._common import check_tensor
+from .._common import check_tensor, next_pow2
+from .ref import ADD_NORM_MAX_K, AddNormInput
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # The skinny kernel's input operations (X_OP): the product's input computed from x in the launch.
-X_PLAIN, X_SILU_AND_MUL, X_SIGMOID_GATE, X_GATED_NORM = 0, 1, 2, 3
+X_PLAIN, X_SILU_AND_MUL, X_SIGMOID_GATE, X_GATED_NORM, X_ADD_NORM, X_ADD_NORM_AFTER = 0, 1, 2, 3, 4, 5
+# X_ADD_NORM's norm variants: kernels/norm's modes of the same names (their casts)
+NORM_PLAIN, NORM_ZERO_CENTER, NORM_FP32_WEIGHT = 0, 1, 4
+
+
+@triton.jit
+def add_norm_values(s, rstd, nw, NORM_MODE: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """kernels/norm's add_rms_norm output from the rounded sum s (fp32 values), its row's
+    rstd and the norm weight nw (fp32), rounded to OUT_DTYPE (x's dtype) as that kernel stores it."""
+    n = s * rstd
+    if NORM_MODE == 1:
+        y = n * (1.0 + nw)
+    elif NORM_MODE == 4:
+        y = nw * n
+    else:
+        y = nw * n.to(OUT_DTYPE).to(tl.float32)
+    return y.to(OUT_DTYPE)
+
+
+@triton.jit
+def add_norm_rstd(x_ptr, stride_xm, r_ptr, stride_rm, nw_ptr, eps, offs_m, m_ok, K, sum_ptr, normed_ptr,
+                  NORM_MODE: tl.constexpr, KP: tl.constexpr):
+    """X_ADD_NORM's row statistics: s = residual + x rounded to x's dtype (as the model adds), and
+    each row's 1 / sqrt(mean(s^2) + eps) ([BM] fp32), from whole rows (K <= KP). Program 0 also
+    stores s and the normed rows ([M, K] each, contiguous) for the layer's later reads (the
+    residual stream, a MoE block's experts)."""
+    offs_d = tl.arange(0, KP)
+    mask = m_ok[:, None] & (offs_d < K)[None, :]
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_d[None, :], mask=mask, other=0.0)
+    r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_d[None, :], mask=mask, other=0.0)
+    s = (r.to(tl.float32) + x.to(tl.float32)).to(x.dtype)
+    sf = s.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(sf * sf, axis=1) / K + eps)
+    if tl.program_id(0) == 0:
+        out_offs = offs_m[:, None] * K + offs_d[None, :]
+        tl.store(sum_ptr + out_offs, s, mask=mask)
+        nw = tl.load(nw_ptr + offs_d, mask=offs_d < K, other=0.0).to(tl.float32)[None, :]
+        tl.store(normed_ptr + out_offs, add_norm_values(sf, rstd[:, None], nw, NORM_MODE, x.dtype), mask=mask)
+    return rstd
+
+
+@triton.jit
+def add_norm_after_tile(x_ptr, stride_xm, r_ptr, stride_rm, nw_ptr, offs_m, offs_k, K, mask, sum_ptr,
+                        NORM_MODE: tl.constexpr):
+    """X_ADD_NORM_AFTER's input tile: s * (1 + w) (zero-centred) or s * w (an fp32 weight) in fp32,
+    s = residual + x rounded to x's dtype, and its rows' sums of squares ([BM]); the product of
+    these inputs is scaled by each row's rstd after the K loop (`add_norm_store_rows`), so no
+    program waits for whole rows first. Program 0 stores s (the residual stream)."""
+    xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0)
+    r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], mask=mask, other=0.0)
+    s = (r.to(tl.float32) + xr.to(tl.float32)).to(xr.dtype)
+    if tl.program_id(0) == 0:
+        tl.store(sum_ptr + offs_m[:, None] * K + offs_k[None, :], s, mask=mask)
+    sf = s.to(tl.float32)
+    nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+    if NORM_MODE == 1:
+        xv = sf * (1.0 + nw)
+    else:
+        xv = sf * nw
+    return xv, tl.sum(sf * sf, axis=1)
+
+
+@triton.jit
+def add_norm_store_rows(x_ptr, stride_xm, r_ptr, stride_rm, nw_ptr, rstd, offs_m, m_ok, K, normed_ptr,
+                        NORM_MODE: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Program 0 of an X_ADD_NORM_AFTER launch: the normed rows as kernels/norm's add_rms_norm
+    stores them (rounded to x's dtype), from the rows' rstd ([BM])."""
+    offs = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + offs
+        mask = m_ok[:, None] & (offs_k < K)[None, :]
+        xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0)
+        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], mask=mask, other=0.0)
+        sf = (r.to(tl.float32) + xr.to(tl.float32)).to(xr.dtype).to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+        tl.store(normed_ptr + offs_m[:, None] * K + offs_k[None, :],
+                 add_norm_values(sf, rstd[:, None], nw, NORM_MODE, xr.dtype), mask=mask)
 
 
 @triton.jit
 def skinny_x_tile(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, nw_ptr, eps, offs_m, offs_k, K, mask,
                    w_dtype: tl.constexpr, X_OP: tl.constexpr, HEAD_D: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROD_DTYPE: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROD_DTYPE: tl.constexpr,
+                   rstd=None, NORM_MODE: tl.constexpr = 0):
     """One [BM, BK] tile of the product's input at rows offs_m, inputs offs_k (absolute), rounded
     to W's dtype as the separate launch it replaces stores it:
     X_PLAIN           x itself;
@@ -30,7 +108,10 @@ def skinny_x_tile(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, nw_ptr, eps, of
     X_SIGMOID_GATE    x * sigmoid(g) (kernels/activation's sigmoid_gate_mul: the sigmoid rounded
                       to g's dtype);
     X_GATED_NORM      per head of HEAD_D inputs, (nw * norm(x).to(x)).to(PROD) * silu(g)
-                      (kernels/norm's gated_rms_norm; BLOCK_K a multiple of HEAD_D).
+                      (kernels/norm's gated_rms_norm; BLOCK_K a multiple of HEAD_D);
+    X_ADD_NORM        rms_norm(g + x) of a decoder layer's residual g (rows stride_gm apart) and
+                      the sublayer output x, with each row's rstd from `add_norm_rstd` (kernels/
+                      norm's add_rms_norm: its casts; its sum of squares may add in another order).
     g (X_SIGMOID_GATE, X_GATED_NORM) is read in place: input k of row m at
     g_ptr + m * stride_gm + (k // HEAD_D) * stride_gh + k % HEAD_D (a slice of a wider projection)."""
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
@@ -53,6 +134,12 @@ def skinny_x_tile(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, nw_ptr, eps, of
             y = (nw[None, None, :] * n.to(w_dtype).to(tl.float32)).to(PROD_DTYPE).to(tl.float32) \
                 * (g3 / (1.0 + tl.exp(-g3)))
             xv = tl.reshape(y.to(w_dtype), (BLOCK_M, BLOCK_K))
+    elif X_OP == 4:
+        xr = tl.load(x_ptrs, mask=mask, other=0.0)
+        r = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_k[None, :], mask=mask, other=0.0)
+        s = (r.to(tl.float32) + xr.to(tl.float32)).to(xr.dtype).to(tl.float32)
+        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
+        xv = add_norm_values(s, rstd[:, None], nw, NORM_MODE, xr.dtype).to(w_dtype)
     else:
         xv = tl.load(x_ptrs, mask=mask, other=0.0)
     return xv
@@ -115,3 +202,30 @@ def decode_conv_args(decode_conv: tuple, y: torch.Tensor, m: int) -> dict:
     return dict(CONV_K=width, CONV_SILU=activation is not None, conv_w_ptr=conv_w, stride_cw=conv_w.stride(0),
                 conv_states_ptr=states, state_slots_ptr=slots, conv_num_slots=states.shape[0], conv_channels=channels,
                 stride_cs_n=states.stride(0), stride_cs_d=states.stride(1), stride_cs_k=states.stride(2))
+
+
+def add_norm_args(add_norm: AddNormInput, x: torch.Tensor, weight: torch.Tensor) -> dict:
+    """The skinny kernel's X_ADD_NORM arguments for `skinny_linear(x_add_norm=)`, checked."""
+    m, k = x.shape
+    residual, nw = add_norm.residual, add_norm.weight
+    check_tensor("x_add_norm's residual", residual, ndim=2, dtypes=(x.dtype,), shape=(m, k), device=x.device)
+    check_tensor("x_add_norm's weight", nw, ndim=1, shape=(k,), device=x.device)
+    for name in ("summed", "normed"):
+        out = getattr(add_norm, name)
+        check_tensor(f"x_add_norm's {name}", out, ndim=2, dtypes=(x.dtype,), shape=(m, k), device=x.device)
+        if not out.is_contiguous():
+            raise ValueError(f"x_add_norm's {name} must be contiguous")
+    if add_norm.zero_centered and add_norm.fp32_weight:
+        raise ValueError("x_add_norm: zero_centered and fp32_weight are exclusive")
+    mode = NORM_ZERO_CENTER if add_norm.zero_centered else NORM_FP32_WEIGHT if add_norm.fp32_weight else NORM_PLAIN
+    if mode == NORM_PLAIN and nw.dtype != x.dtype:
+        raise ValueError(f"x_add_norm: a plain norm's weight must be in x's dtype ({x.dtype}), got {nw.dtype}")
+    if k > ADD_NORM_MAX_K:
+        raise ValueError(f"x_add_norm takes rows of at most {ADD_NORM_MAX_K} values, got {k}")
+    if x.dtype != weight.dtype:
+        raise ValueError(f"x_add_norm needs x in the weight's dtype ({weight.dtype}), got {x.dtype}")
+    if add_norm.scale_after and mode == NORM_PLAIN:
+        raise ValueError("x_add_norm's scale_after needs a zero-centered or fp32 norm weight (a plain norm rounds "
+                         "the normed values before its weight)")
+    return dict(xg_ptr=residual, stride_xgm=residual.stride(0), xnw_ptr=nw, x_eps=float(add_norm.eps),
+                sum_ptr=add_norm.summed, normed_ptr=add_norm.normed, NORM_MODE=mode, X_KP=next_pow2(k))

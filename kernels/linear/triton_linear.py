@@ -27,8 +27,9 @@ from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
 from .skinny_fusions import (
-    X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, conv_decode_epilogue, decode_conv_args, skinny_x_tile,
-    x_gate_args,
+    X_ADD_NORM, X_ADD_NORM_AFTER, X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, AddNormInput,
+    add_norm_after_tile, add_norm_args, add_norm_rstd, add_norm_store_rows, conv_decode_epilogue, decode_conv_args,
+    skinny_x_tile, x_gate_args,
 )
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
@@ -47,12 +48,16 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                           CONV_K: tl.constexpr = 0, CONV_SILU: tl.constexpr = False, conv_w_ptr=None,
                           stride_cw=0, conv_states_ptr=None, state_slots_ptr=None, conv_num_slots=0,
                           conv_channels=0, stride_cs_n=0, stride_cs_d=0, stride_cs_k=0,
+                          sum_ptr=None, normed_ptr=None, NORM_MODE: tl.constexpr = 0, X_KP: tl.constexpr = 1,
                           PDL: tl.constexpr = False):
     """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
     the kernel before this one finishes (no kernel writes a weight). X_OP: the product's input
     is an operation on x done in this launch (`skinny_fusions.skinny_x_tile`: silu_and_mul of [gate | up]
-    rows of 2K values, a sigmoid gate, a per-head gated RMSNorm), with the bits of the separate
-    launch it replaces.
+    rows of 2K values, a sigmoid gate, a per-head gated RMSNorm, a residual add and RMSNorm), with
+    the bits of the separate launch it replaces (the norms: its casts). X_ADD_NORM reads whole rows
+    of x and the residual first (K <= X_KP) for their norms; X_ADD_NORM_AFTER takes the product of
+    the unnormalized inputs and scales each row by its rstd at the end. Program 0 stores the sum
+    and the normed rows at sum_ptr and normed_ptr.
     TOP_K > 0: y[m] = sum_{k < TOP_K} rows[m * TOP_K + k] (fp32, slot order) + g[m] * (x W^T)[m],
     g = sigmoid(gate[m]) with the logit and the sigmoid rounded to GATE_DTYPE (1 without
     HAS_GATE), rounded once: kernels/moe's combine with this product as its shared term.
@@ -70,9 +75,20 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_enter(PDL)
-    xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
-                        m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
-                        X_PROD_DTYPE)
+    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # X_ADD_NORM_AFTER: the rows' sums of squares
+    if X_OP == 4:
+        rstd = add_norm_rstd(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, x_eps, offs_m, m_ok, K, sum_ptr,
+                             normed_ptr, NORM_MODE, X_KP)
+    else:
+        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if X_OP == 5:
+        xv, sq = add_norm_after_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, offs_m, offs_k, K,
+                                     m_ok[:, None] & (offs_k < K)[None, :], sum_ptr, NORM_MODE)
+        sum_sq += sq
+    else:
+        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
+                            m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
+                            X_PROD_DTYPE, rstd, NORM_MODE)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
     w_ptrs += BLOCK_K
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -86,11 +102,23 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
             k_ok = (k0 + offs_k) < K
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x_mask = m_ok[:, None] & k_ok[None, :]
-        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k,
-                            K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE)
+        if X_OP == 5:
+            xv, sq = add_norm_after_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, offs_m, k0 + offs_k, K,
+                                         x_mask, sum_ptr, NORM_MODE)
+            sum_sq += sq
+        else:
+            xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m,
+                                k0 + offs_k, K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE,
+                                rstd, NORM_MODE)
         acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, axis=2)  # [BM, BN]
+    if X_OP == 5:
+        rstd = tl.rsqrt(sum_sq / K + x_eps)
+        y = y * rstd[:, None]
+        if tl.program_id(0) == 0:
+            add_norm_store_rows(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, rstd, offs_m, m_ok, K, normed_ptr,
+                                NORM_MODE, BLOCK_K)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if TOP_K > 0:
@@ -161,7 +189,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   x_gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
                   topk_rows: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
                   decode_conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | None] | None = None,
-                  block_n: int | None = None, block_k: int | None = None,
+                  x_add_norm: AddNormInput | None = None, block_n: int | None = None, block_k: int | None = None,
                   num_warps: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default the weight's
@@ -173,7 +201,13 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     - x_sigmoid_gate: g [M, H, D] (H * D = K, last dim contiguous, any other strides: a slice of
       a wider projection); the input is sigmoid_gate_mul(x, g) (an attention output gate);
     - x_gated_norm: (g [M, H, D] as above, norm weight [D], eps), D a power of two; the input is
-      gated_rms_norm(x as [M, H, D], g, weight, eps) (kernels/norm: a GDN output norm).
+      gated_rms_norm(x as [M, H, D], g, weight, eps) (kernels/norm: a GDN output norm);
+    - x_add_norm: `AddNormInput` (residual [M, K], norm weight [K], eps, variant, summed and normed
+      outputs); the input is kernels/norm's add_rms_norm(x, residual, ...)'s normed rows (a
+      decoder layer's residual add and the next norm, x a sublayer's output in W's dtype), and
+      its (normed, summed) are stored into the given outputs. Its sums of squares may add in
+      another order than kernels/norm's: the normed rows can differ from the separate launch's
+      by a rounding.
     topk_rows: [M * K, N] fp32, the weighted expert rows of kernels/moe's fused_moe(combine=False):
     the result is their sum per row plus this product times sigmoid(shared_gate [M, 1]) where
     given (a MoE block's shared expert down projection and the experts' combine in one launch,
@@ -184,8 +218,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     the conv's output and the slots' windows move on, the bits of kernels/causal_conv1d's
     causal_conv1d_varlen over this product (no bias). Output in the states' dtype.
     block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
-    if x_silu_and_mul + (x_sigmoid_gate is not None) + (x_gated_norm is not None) > 1:
-        raise ValueError("x_silu_and_mul, x_sigmoid_gate and x_gated_norm are exclusive")
+    if x_silu_and_mul + (x_sigmoid_gate is not None) + (x_gated_norm is not None) + (x_add_norm is not None) > 1:
+        raise ValueError("x_silu_and_mul, x_sigmoid_gate, x_gated_norm and x_add_norm are exclusive")
     y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul)
     x_op, gate_args, head_d, nw, eps = X_PLAIN, (0, 0), 1, weight, 0.0
     gate = None
@@ -202,6 +236,10 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                      device=x.device)
         if head_d != next_pow2(head_d):
             raise ValueError(f"x_gated_norm needs a power-of-two head size, got {head_d}")
+    add_norm = {}
+    if x_add_norm is not None:
+        add_norm = add_norm_args(x_add_norm, x, weight)
+        x_op = X_ADD_NORM_AFTER if x_add_norm.scale_after else X_ADD_NORM
     top_k = 0
     if topk_rows is not None:
         check_tensor("topk_rows", topk_rows, ndim=2, dtypes=(torch.float32,), device=x.device)
@@ -232,8 +270,9 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x.stride(0), weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, EVEN_K=k % bk == 0, EVEN_N=n % bn == 0,
         BLOCK_M=next_pow2(m), BLOCK_N=bn, BLOCK_K=bk,
-        X_OP=x_op, xg_ptr=gate if gate is not None else weight, stride_xgm=gate_args[0], stride_xgh=gate_args[1],
-        xnw_ptr=nw, x_eps=float(eps), X_HEAD_D=head_d,
+        X_OP=x_op, **(add_norm or dict(xg_ptr=gate if gate is not None else weight, stride_xgm=gate_args[0],
+                                       stride_xgh=gate_args[1], xnw_ptr=nw, x_eps=float(eps))),
+        X_HEAD_D=head_d,
         X_PROD_DTYPE=TL_DTYPE[torch.promote_types(nw.dtype, weight.dtype)],
         rows_ptr=topk_rows if topk_rows is not None else weight,
         gate_ptr=shared_gate if shared_gate is not None else weight,

@@ -171,11 +171,13 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sum_ptr, num_rows, eps, s
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool = False, *, fp32_weight: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 zero_centered: bool = False, *, fp32_weight: bool = False,
+                 out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch for a decoder layer's residual add and the next norm. x, residual: [T, D]
     (rows may be strided, last dim contiguous); weight: [D]. Returns (normed [T, D], summed
     [T, D]) as ref.add_rms_norm_ref: summed in x's dtype, normed as rms_norm (the same
-    zero_centered / fp32_weight variants)."""
+    zero_centered / fp32_weight variants). out: (normed, summed) tensors to write instead
+    (contiguous, those dtypes)."""
     if zero_centered and fp32_weight:
         raise ValueError("zero_centered and fp32_weight are exclusive")
     check_launch_device("add_rms_norm", x)
@@ -185,9 +187,16 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
         raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype}, residual {tuple(residual.shape)} "
                          f"{residual.dtype}, weight {tuple(weight.shape)} do not match")
     num_rows, dim = x.shape
-    summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out_dtype = x.dtype if zero_centered or fp32_weight else torch.promote_types(weight.dtype, x.dtype)
-    normed = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    if out is None:
+        normed = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        normed, summed = out
+        for name, t, dtype in (("normed", normed, out_dtype), ("summed", summed, x.dtype)):
+            check_tensor(f"add_rms_norm's out {name}", t, shape=tuple(x.shape), dtypes=(dtype,), device=x.device)
+            if not t.is_contiguous():
+                raise ValueError(f"add_rms_norm's out {name} must be contiguous")
     mode = MODE_ZERO_CENTER if zero_centered else MODE_FP32_WEIGHT if fp32_weight else MODE_PLAIN
     if num_rows:
         block_d = next_pow2(dim)

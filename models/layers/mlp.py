@@ -8,6 +8,8 @@ from .linear import ColumnParallelLinear, LinearGroup, RowParallelLinear
 
 
 class GatedMLP(nn.Module):
+    pending_norm_consumer = "mlp"  # x is read by the gate/up projection alone (models/layers/ops.PendingAddNorm)
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
         self.gate_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)

@@ -97,6 +97,8 @@ class SparseMoeBlock(nn.Module):
     `shared_expert` is any module mapping [T, H] -> [T, H] with its own all-reduce (e.g. a gated
     MLP of column/row-parallel linears); None for families without one."""
 
+    pending_norm_consumer = "moe"  # x is read by the router's projection first (models/layers/ops.PendingAddNorm)
+
     def __init__(
         self,
         hidden_size: int,
@@ -152,6 +154,7 @@ class SparseMoeBlock(nn.Module):
             # an 8k prompt of Qwen3-Next's 12-layer slice 6% slower), the shared expert's in x's dtype
             weight = self.router.weight if ops.few_rows(x) else self.router.weight[:self.router_rows]
         projections = ops.router_logits(x, weight)  # [T, E (+1 +2I/tp)]
+        x = ops.resolve(x)  # a PendingAddNorm's normed rows (stored by the router's launch at a decode row)
         topk_weights, topk_ids = softmax_topk(projections[:, :num_experts], self.top_k, self.norm_topk_prob,
                                               out_dtype=x.dtype)  # [T, K]
         if self.shared_expert is None or not hasattr(self.shared_expert, "partial"):

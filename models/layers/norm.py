@@ -26,11 +26,19 @@ class RMSNorm(nn.Module):
         """x: [..., dim] -> [..., dim]."""
         return ops.rms_norm(x, self.weight, self.eps, self.zero_centered)
 
-    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None, defer_to: str | None = None
+                     ) -> tuple["torch.Tensor | ops.PendingAddNorm", torch.Tensor]:
         """The previous sublayer's residual add fused with this norm: returns (norm(residual + x),
-        residual + x); with no residual yet (the first layer), (norm(x), x). x: [T, dim]."""
+        residual + x); with no residual yet (the first layer), (norm(x), x). x: [T, dim].
+        defer_to: the kind of module that reads the normed rows (kernels/switch.py's
+        ADD_NORM_CONSUMERS), if it takes an `ops.PendingAddNorm` in their place; where
+        `ops.defer_add_norm` allows (a decode row), that is returned, the add and norm then run
+        inside that module's first projection's launch (its `summed` is returned as the residual)."""
         if residual is None:
             return self(x), x
+        if defer_to is not None and ops.defer_add_norm(x, residual, self.weight, self.zero_centered, defer_to):
+            pending = ops.PendingAddNorm(x, residual, self.weight, self.eps, self.zero_centered)
+            return pending, pending.summed
         return ops.add_rms_norm(x, residual, self.weight, self.eps, self.zero_centered)
 
 

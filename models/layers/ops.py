@@ -18,7 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.switch import few_rows_limit, forced_reference, skinny_rows_limit, use_triton
+from ...kernels.switch import (
+    add_norm_scale_after, add_norm_tile, few_rows_limit, forced_reference, fuse_add_norm_allowed, skinny_rows_limit, use_triton,
+)
 from ...kernels import attention as _attn
 from ...kernels import linear as _linear
 from ...kernels import activation as _act
@@ -35,6 +37,83 @@ from .state_mixer_ops import (  # noqa: F401
 
 
 # ----- linears -----------------------------------------------------------------------------
+class PendingAddNorm:
+    """A decoder layer's residual add and the RMSNorm after it, left to the projection that reads
+    the normed rows (`RMSNorm.add_and_norm(defer=True)` at a decode row, `defer_add_norm`): the
+    next `linear` (or `linear_into_decode_conv`, `router_logits`) runs the norm inside its skinny
+    launch (kernels/linear's x_add_norm; the norm's sums of squares may add in another order than
+    kernels/norm's, so a normed value can differ from the separate launch's by a rounding), which
+    stores the normed and summed rows into `normed` and `summed`. Any other reader takes
+    `tensor()`, which runs kernels/norm's add_rms_norm into the same tensors if no launch did yet.
+    `summed` is the residual stream the layer keeps: filled, in stream order, before anything
+    after the projection reads it."""
+
+    __slots__ = ("x", "residual", "weight", "eps", "zero_centered", "summed", "normed", "done")
+
+    def __init__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                 zero_centered: bool) -> None:
+        self.x, self.residual, self.weight, self.eps, self.zero_centered = x, residual, weight, eps, zero_centered
+        self.summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        self.normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        self.done = False
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.x.is_cuda
+
+    def numel(self) -> int:
+        return self.x.numel()
+
+    def tensor(self) -> torch.Tensor:
+        """The normed rows (their own launch unless a projection's launch computed them)."""
+        if not self.done:
+            _norm.add_rms_norm(self.x, self.residual, self.weight, self.eps, self.zero_centered,
+                               out=(self.normed, self.summed))
+            self.done = True
+        return self.normed
+
+    def fusable(self, weight: torch.Tensor) -> bool:
+        """Whether a linear by `weight` can run the norm in its skinny launch now."""
+        return not self.done and _skinny(self.x, weight) and self.x.dtype == weight.dtype
+
+    def kernel_input(self) -> "_linear.AddNormInput":
+        """skinny_linear's x_add_norm; the norm counts as done from this launch on."""
+        self.done = True
+        return _linear.AddNormInput(self.residual, self.weight, self.eps, self.zero_centered, False,
+                                    self.summed, self.normed, self.zero_centered and add_norm_scale_after())
+
+
+def defer_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, zero_centered: bool,
+                   consumer: str) -> bool:
+    """Whether `RMSNorm.add_and_norm(x, residual, defer=True)` leaves the add and norm to the next
+    projection's launch (a PendingAddNorm): a skinny row ([1, D] at batch-1 decode) on the kernel
+    path, x and residual in one half dtype, a zero-centered norm or a weight in that dtype, D up to
+    the kernel's whole-row limit, and HYBRID_SERVE_FUSE_ADD_NORM allowing the consumer's kind
+    (kernels/switch.py's ADD_NORM_CONSUMERS: the module that reads the normed rows)."""
+    return (x.dim() == 2 and 0 < x.shape[0] <= skinny_rows_limit() and use_triton(x)
+            and x.dtype in (torch.bfloat16, torch.float16) and residual.dtype == x.dtype
+            and residual.shape == x.shape and x.stride(-1) == 1 and residual.stride(-1) == 1
+            and (zero_centered or weight.dtype == x.dtype) and x.shape[1] <= _linear.ADD_NORM_MAX_K
+            and fuse_add_norm_allowed(consumer))
+
+
+def resolve(x: "torch.Tensor | PendingAddNorm") -> torch.Tensor:
+    """x itself, or a PendingAddNorm's normed rows (`PendingAddNorm.tensor`)."""
+    return x.tensor() if isinstance(x, PendingAddNorm) else x
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False,
            x_sigmoid_gate: torch.Tensor | None = None,
@@ -49,7 +128,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x_sigmoid_gate: gate [T, H, D] (H * D = K, may be a strided slice), the input
     `sigmoid_gate_mul(x, gate)` (an attention output gate);
     x_gated_norm: (gate [T, H, D], norm weight [D], eps), the input `gated_rms_norm(x, gate, ...)`
-    per head (a GDN output norm)."""
+    per head (a GDN output norm).
+    x may be a PendingAddNorm (a decoder layer's residual add and norm not yet run): at a
+    `skinny_row` they run inside this launch, else as their own launch first."""
+    if isinstance(x, PendingAddNorm):
+        if x.fusable(weight) and not (x_silu_and_mul or x_sigmoid_gate is not None or x_gated_norm is not None):
+            y = _linear.skinny_linear(_rows_view(x.x), weight, bias, out_dtype, x_add_norm=x.kernel_input(),
+                                      **add_norm_tile())
+            return y.reshape(*x.shape[:-1], weight.shape[0])
+        x = x.tensor()
     if x_silu_and_mul:
         if skinny_row(x, weight) and x.dtype in (torch.float32, weight.dtype):
             y = _linear.skinny_linear(_rows_view(x), weight, bias, out_dtype, x_silu_and_mul=True)
@@ -92,9 +179,11 @@ def linear_into_decode_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     `causal_conv1d`."""
     if (skinny_row(x, weight) and fb.max_extend_len == 1 and not fb.checkpoints and not fb.spec_scratch_steps
             and x.dtype == weight.dtype == conv_states.dtype):
-        flat = _rows_view(x)
+        add_norm = x.kernel_input() if isinstance(x, PendingAddNorm) and x.fusable(weight) else None
+        flat = _rows_view(x.x if add_norm is not None else resolve(x))
         y = _linear.skinny_linear(flat, weight, bias, decode_conv=(conv_weight, conv_states, fb.state_slots,
-                                                                   activation))
+                                                                   activation), x_add_norm=add_norm,
+                                  **(add_norm_tile() if add_norm is not None else {}))
         return y.reshape(*x.shape[:-1], weight.shape[0]), True
     return linear(x, weight, bias), False
 
@@ -177,7 +266,7 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     (cuBLAS's fp32 GEMM picks other algorithms by row count and near-tied experts flipped)."""
     if x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype:
         return linear(x, weight, out_dtype=torch.float32)
-    return F.linear(x.float(), weight.float())
+    return F.linear(resolve(x).float(), weight.float())
 
 
 # ----- activations ------------------------------------------------------------------------------

@@ -106,6 +106,52 @@ def test_skinny_linear_gated_norm_input(m, h, d, n, block_k, norm_dtype):
         skinny_linear(_rand(1, 64), _rand(4, 64), x_gated_norm=(_rand(1, 2, 32), _rand(32), eps), block_k=48)
 
 
+@pytest.mark.parametrize("m,n,k,block_k", [(1, 24, 256, None), (1, 10, 200, 64), (3, 12, 96, 32)])
+@pytest.mark.parametrize("variant", ["zero_centered", "fp32_weight", "plain", "zero_centered_after",
+                                     "fp32_weight_after"])
+def test_skinny_linear_add_norm_input(m, n, k, block_k, variant):
+    """x_add_norm: a decoder layer's residual add and the next RMSNorm inside the following
+    projection's launch. The stored sum is the norm kernel's (bits); the normed rows' sums of
+    squares may add in another order, so they may differ from the separate launch's by a rounding,
+    and the product stays at bf16 precision against the two launches and the reference."""
+    from hybrid_serve.kernels.linear import AddNormInput
+    from hybrid_serve.kernels.norm import add_rms_norm
+
+    x = _rand(m, k, seed=41) * 2
+    residual = _rand(m, k + 7, seed=42)[:, 7:]  # rows strided, as a wider buffer's slice
+    nw = _rand(k, seed=43, dtype=torch.float32 if variant == "fp32_weight" else torch.bfloat16) * 0.5 + 1
+    w = _rand(n, k, seed=44)
+    eps = 1e-6
+    flags = dict(zero_centered=variant.startswith("zero_centered"), fp32_weight=variant.startswith("fp32_weight"))
+    after = variant.endswith("_after")  # the product of the unnormalized input, scaled after
+    normed, summed = add_rms_norm(x, residual, nw, eps, **flags)
+    for out_dtype in (None, torch.float32):
+        outs = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))
+        arg = AddNormInput(residual, nw, eps, flags["zero_centered"], flags["fp32_weight"], *outs, after)
+        got = skinny_linear(x, w, out_dtype=out_dtype, x_add_norm=arg, block_k=block_k)
+        two_launches = skinny_linear(normed, w, out_dtype=out_dtype)
+        assert got.dtype == (out_dtype or w.dtype)
+        assert rel_err(got.float().cpu(), two_launches.float().cpu()) < 4e-3
+        assert torch.equal(arg.summed, summed)
+        assert (arg.normed != normed).float().mean().item() <= 1 / 64
+        assert rel_err(arg.normed.float().cpu(), normed.float().cpu()) < 4e-3
+    ref_outs = torch.zeros(m, k, dtype=x.dtype), torch.zeros(m, k, dtype=x.dtype)
+    ref_arg = AddNormInput(residual.cpu(), nw.cpu(), eps, flags["zero_centered"], flags["fp32_weight"], *ref_outs,
+                           after)
+    want = skinny_linear_ref(x.cpu(), w.cpu(), out_dtype=torch.float32, x_add_norm=ref_arg)
+    assert rel_err(got.cpu(), want) < 4e-3
+    assert torch.equal(ref_arg.summed, summed.cpu())
+    with pytest.raises(ValueError, match="exclusive"):
+        skinny_linear(x, w, x_add_norm=arg, x_silu_and_mul=True)
+    with pytest.raises(ValueError, match="summed"):
+        skinny_linear(x, w, x_add_norm=arg._replace(summed=arg.summed[:, :-1]))
+    with pytest.raises(ValueError, match="residual"):
+        skinny_linear(x, w, x_add_norm=arg._replace(residual=residual.float()))
+    if variant == "plain":
+        with pytest.raises(ValueError, match="scale_after"):
+            skinny_linear(x, w, x_add_norm=arg._replace(scale_after=True))
+
+
 @pytest.mark.parametrize("m,n,k,channels,width", [(1, 40, 64, 24, 4), (3, 20, 48, 20, 4), (2, 12, 32, 6, 2)])
 @pytest.mark.parametrize("activation", ["silu", None])
 def test_skinny_linear_decode_conv_epilogue(m, n, k, channels, width, activation):
@@ -208,6 +254,55 @@ def test_ops_linear_dispatch(monkeypatch):
     monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "many")
     with pytest.raises(ValueError, match="HYBRID_SERVE_SKINNY_ROWS"):
         ops.linear(x, w)
+
+
+def test_pending_add_norm_runs_in_the_next_projection(monkeypatch):
+    """RMSNorm.add_and_norm(defer_to=) at a decode row returns an ops.PendingAddNorm when its
+    consumer kind is allowed (HYBRID_SERVE_FUSE_ADD_NORM: default attention, mlp, moe); the next
+    ops.linear runs the add and norm in its skinny launch and fills the residual it returned;
+    a second reader takes the stored normed rows; rows the skinny kernel does not take run the
+    norm as its own launch first."""
+    from hybrid_serve.kernels import switch
+    from hybrid_serve.kernels.norm import add_rms_norm
+    from hybrid_serve.models.layers import RMSNorm, ops
+
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
+    assert [switch.fuse_add_norm_allowed(k) for k in switch.ADD_NORM_CONSUMERS] == [False, True, True, True]
+    monkeypatch.setenv(switch.FUSE_ADD_NORM_ENV, "gdn,moe")
+    assert [switch.fuse_add_norm_allowed(k) for k in switch.ADD_NORM_CONSUMERS] == [True, False, False, True]
+    monkeypatch.setenv(switch.FUSE_ADD_NORM_ENV, "gdn,ssm")
+    with pytest.raises(ValueError, match="HYBRID_SERVE_FUSE_ADD_NORM"):
+        switch.fuse_add_norm_allowed("gdn")
+    monkeypatch.setenv(switch.FUSE_ADD_NORM_ENV, "1")
+    norm = RMSNorm(64, eps=1e-6, zero_centered=True).to(DEVICE)
+    with torch.no_grad():
+        norm.weight.copy_(_rand(64, seed=50, dtype=torch.float32) * 0.3)
+    x, residual = _rand(1, 64, seed=51), _rand(1, 64, seed=52)
+    w1, w2 = _rand(16, 64, seed=53), _rand(8, 64, seed=54)
+    normed, summed = add_rms_norm(x, residual, norm.weight, 1e-6, True)
+    pending, res = norm.add_and_norm(x, residual, defer_to="mlp")
+    assert isinstance(pending, ops.PendingAddNorm) and res is pending.summed and not pending.done
+    y1 = ops.linear(pending, w1)  # the fused launch
+    assert pending.done and torch.equal(res, summed)
+    assert rel_err(pending.normed.float().cpu(), normed.float().cpu()) < 4e-3
+    assert rel_err(y1.float().cpu(), ops.linear(normed, w1).float().cpu()) < 4e-3
+    assert torch.equal(ops.linear(pending, w2), ops.linear(pending.normed, w2))  # the stored rows
+    assert ops.resolve(pending) is pending.normed
+    # off, or a consumer not allowed, or two rows: the plain (normed, summed)
+    monkeypatch.setenv(switch.FUSE_ADD_NORM_ENV, "0")
+    got, got_res = norm.add_and_norm(x, residual, defer_to="mlp")
+    assert isinstance(got, torch.Tensor) and torch.equal(got, normed) and torch.equal(got_res, summed)
+    monkeypatch.setenv(switch.FUSE_ADD_NORM_ENV, "1")
+    assert isinstance(norm.add_and_norm(x, residual)[0], torch.Tensor)  # no consumer named
+    x2, r2 = _rand(2, 64, seed=55), _rand(2, 64, seed=56)
+    assert isinstance(norm.add_and_norm(x2, r2, defer_to="mlp")[0], torch.Tensor)
+    # a pending the skinny kernel then does not take (skinny rows off): the norm's own launch,
+    # into the same tensors, then torch's linear
+    pending, res = norm.add_and_norm(x, residual, defer_to="moe")
+    monkeypatch.setenv("HYBRID_SERVE_SKINNY_ROWS", "0")
+    y = ops.linear(pending, w1)
+    assert pending.done and torch.equal(res, summed) and torch.equal(pending.normed, normed)
+    assert torch.equal(y, torch.nn.functional.linear(normed, w1))
 
 
 @gpu

@@ -18,7 +18,7 @@ from hf_reference import FAMILIES
 from hybrid_serve.models.forward_batch import ForwardBatch
 from hybrid_serve.mem_cache import KVPool, RequestRowTable, StatePool, StateSpec
 from hybrid_serve.models import load_model
-from hybrid_serve.kernels.switch import KERNELS_ENV
+from hybrid_serve.kernels.switch import FUSE_ADD_NORM_ENV, KERNELS_ENV
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.slow  # the interpreter runs every kernel in numpy: ~40 s for the file
@@ -157,8 +157,9 @@ def test_decode_row_fusions_in_bf16(family, models, monkeypatch):
     conv inside the in-projection, the SwiGLU
     activation inside the down projection, the MoE shared expert and experts' sum in one
     launch). One row decoding after its prompt: the fused launches ran, the logits are those of
-    the same kernel path with every fusion sent back to its separate launch (the GDN norm's sums
-    of squares may round differently on a GPU: 5e-3), and the reference path's at bf16 precision
+    the same kernel path with every fusion sent back to its separate launch (the GDN norm's and the
+    residual add and norm's sums of squares may round differently on a GPU: 5e-3; the add and norm
+    run inside the next projection, `ops.PendingAddNorm`), and the reference path's at bf16 precision
     (the kernel path's own distance from the reference in bf16 is ~2.4e-2 for these models)."""
     from hybrid_serve.kernels import linear as klinear
     from hybrid_serve.models.layers import ops
@@ -177,12 +178,19 @@ def test_decode_row_fusions_in_bf16(family, models, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(klinear, "skinny_linear", spy)
+    monkeypatch.setenv(FUSE_ADD_NORM_ENV, "1")  # every consumer kind, the GDN in-projection's too
     got, got_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
-    assert {"x_sigmoid_gate", "x_gated_norm", "x_silu_and_mul", "decode_conv"} <= fused, fused
+    assert {"x_sigmoid_gate", "x_gated_norm", "x_silu_and_mul", "decode_conv", "x_add_norm"} <= fused, fused
     assert ("topk_rows" in fused) == (family == "qwen3_next")
+    # the residual adds and norms stay inside the projections (their own rounding, compared below)
     monkeypatch.setattr(ops, "skinny_row", lambda x, weight: False)
     monkeypatch.setattr(ops, "gated_norm_row", lambda x, weight, gate: False)
     unfused, unfused_pools = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
     assert _rel(got.float(), unfused.float()) < 5e-3
     assert torch.equal(got_pools[0], unfused_pools[0])  # the conv windows: the fused conv's bits
     assert _rel(got.float(), want.float()) < 4e-2
+    # and in their own launches (kernels/norm's add_rms_norm: its sums of squares may add in
+    # another order, so a normed value may round the other way)
+    monkeypatch.setenv(FUSE_ADD_NORM_ENV, "0")
+    separate, _ = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
+    assert _rel(separate.float(), unfused.float()) < 5e-3
