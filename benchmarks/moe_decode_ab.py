@@ -56,11 +56,7 @@ AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
     "add_norm": (("default", {}), ("separate", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"})),
     "add_norm_kinds": (("all", {"HYBRID_SERVE_FUSE_ADD_NORM": "1"}), ("none", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"}),
                        ("gdn", {"HYBRID_SERVE_FUSE_ADD_NORM": "gdn"}),
-                       ("attn_mlp_moe", {"HYBRID_SERVE_FUSE_ADD_NORM": "attention,mlp,moe"}),
-                       ("all_8x512", {"HYBRID_SERVE_FUSE_ADD_NORM": "1", "HYBRID_SERVE_ADD_NORM_TILE": "8,512"})),
-    "add_norm_after": (("none", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"}), ("default", {}),
-                       ("default_after", {"HYBRID_SERVE_ADD_NORM_AFTER": "1"}),
-                       ("all_after", {"HYBRID_SERVE_FUSE_ADD_NORM": "1", "HYBRID_SERVE_ADD_NORM_AFTER": "1"})),
+                       ("attn_mlp_moe", {"HYBRID_SERVE_FUSE_ADD_NORM": "attention,mlp,moe"})),
     "none": (("default", {}),),  # one engine per repeat with every setting at its default (tree A/B runs)
 }
 

@@ -19,12 +19,6 @@ call (so one test process can flip it).
                                            list of ADD_NORM_CONSUMERS (default
                                            "attention,mlp,moe"), 1 every kind, 0 none (their own
                                            launch; A/B runs)
-    HYBRID_SERVE_ADD_NORM_AFTER=0|1         1: those launches take the product of the unnormalized
-                                           input and scale each row by its rstd at the end
-                                           (kernels/linear's AddNormInput.scale_after); 0 (default):
-                                           each program reads whole rows for the rstd first
-    HYBRID_SERVE_ADD_NORM_TILE=BN,BK        the skinny kernel's tile (output features, K) where it
-                                           runs the add and norm (default: its usual tile; A/B runs)
     HYBRID_SERVE_MOE_ONE_ROW_TILES=0|1      1 (default): fused_moe skips its grouping pass when
                                            few assignments meet many experts; 0 always groups
                                            (A/B runs; the same bits either way)
@@ -41,8 +35,6 @@ KERNELS_ENV = "HYBRID_SERVE_KERNELS"
 SKINNY_ROWS_ENV = "HYBRID_SERVE_SKINNY_ROWS"
 MOE_ONE_ROW_ENV = "HYBRID_SERVE_MOE_ONE_ROW_TILES"
 FUSE_ADD_NORM_ENV = "HYBRID_SERVE_FUSE_ADD_NORM"
-ADD_NORM_TILE_ENV = "HYBRID_SERVE_ADD_NORM_TILE"
-ADD_NORM_AFTER_ENV = "HYBRID_SERVE_ADD_NORM_AFTER"
 FEW_ROWS_ENV = "HYBRID_SERVE_FEW_ROWS"
 # Rows of x sent to kernels/linear by default: batch-1 decode. On an H100 (benchmarks/
 # linear_sweep.py, weights cold) it streams the 2.3B model's decode weights in 1572 us against
@@ -133,22 +125,3 @@ def fuse_add_norm_allowed(consumer: str) -> bool:
         raise ValueError(f"{FUSE_ADD_NORM_ENV} must be 0, 1 or a list of {list(ADD_NORM_CONSUMERS)}, got {value!r}")
     return consumer in kinds
 
-
-def add_norm_tile() -> dict:
-    """HYBRID_SERVE_ADD_NORM_TILE "BN,BK" as skinny_linear's block_n / block_k overrides ({} unset)."""
-    value = os.environ.get(ADD_NORM_TILE_ENV)
-    if not value:
-        return {}
-    try:
-        block_n, block_k = (int(v) for v in value.split(","))
-    except ValueError:
-        raise ValueError(f"{ADD_NORM_TILE_ENV} must be 'BN,BK' (two integers), got {value!r}") from None
-    return dict(block_n=block_n, block_k=block_k)
-
-
-def add_norm_scale_after() -> bool:
-    """HYBRID_SERVE_ADD_NORM_AFTER: 0 (default) or 1."""
-    value = os.environ.get(ADD_NORM_AFTER_ENV, "0")
-    if value not in ("0", "1"):
-        raise ValueError(f"{ADD_NORM_AFTER_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"

@@ -8,4 +8,5 @@ else:
     skinny_linear = missing_triton("skinny_linear")
     few_rows_linear = missing_triton("few_rows_linear")
 
-__all__ = ["ADD_NORM_MAX_K", "AddNormInput", "FEW_ROWS_MAX_ROWS", "SKINNY_MAX_ROWS", "few_rows_linear", "skinny_linear", "skinny_linear_ref"]
+__all__ = ["ADD_NORM_MAX_K", "AddNormInput", "FEW_ROWS_MAX_ROWS", "SKINNY_MAX_ROWS", "few_rows_linear", "skinny_linear",
+           "skinny_linear_ref"]

@@ -16,11 +16,7 @@ ADD_NORM_MAX_K = 8192  # the skinny kernel's X_ADD_NORM holds whole rows of x an
 class AddNormInput(NamedTuple):
     """`skinny_linear(x_add_norm=)`: the product's input is kernels/norm's add_rms_norm(x,
     residual, weight, eps, zero_centered, fp32_weight), and the launch stores its (normed,
-    summed) rows into `normed` and `summed` ([M, K] contiguous, x's dtype) as that op returns them.
-    scale_after (zero-centered or fp32 weights): the product is taken of the unnormalized input
-    (sum times weight, fp32, not rounded) and each row scaled by its rstd after the K loop, so no
-    program reads whole rows before its first product; the input then misses the normed values'
-    rounding to x's dtype (the stored normed rows keep it)."""
+    summed) rows into `normed` and `summed` ([M, K] contiguous, x's dtype) as that op returns them."""
     residual: torch.Tensor
     weight: torch.Tensor
     eps: float
@@ -28,7 +24,6 @@ class AddNormInput(NamedTuple):
     fp32_weight: bool
     summed: torch.Tensor
     normed: torch.Tensor
-    scale_after: bool = False
 
 
 def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -61,10 +56,6 @@ def skinny_linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         a.normed.copy_(normed)
         a.summed.copy_(summed)
         x = normed
-        if a.scale_after:  # the unrounded normed values
-            s = summed.float()
-            w = (1.0 + a.weight.float()) if a.zero_centered else a.weight.float()
-            x = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + a.eps) * w
     y = x.float() @ weight.float().t()
     if bias is not None:
         y = y + bias.float()

@@ -16,7 +16,7 @@ from .ref import ADD_NORM_MAX_K, AddNormInput
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 # The skinny kernel's input operations (X_OP): the product's input computed from x in the launch.
-X_PLAIN, X_SILU_AND_MUL, X_SIGMOID_GATE, X_GATED_NORM, X_ADD_NORM, X_ADD_NORM_AFTER = 0, 1, 2, 3, 4, 5
+X_PLAIN, X_SILU_AND_MUL, X_SIGMOID_GATE, X_GATED_NORM, X_ADD_NORM = 0, 1, 2, 3, 4
 # X_ADD_NORM's norm variants: kernels/norm's modes of the same names (their casts)
 NORM_PLAIN, NORM_ZERO_CENTER, NORM_FP32_WEIGHT = 0, 1, 4
 
@@ -55,44 +55,6 @@ def add_norm_rstd(x_ptr, stride_xm, r_ptr, stride_rm, nw_ptr, eps, offs_m, m_ok,
         nw = tl.load(nw_ptr + offs_d, mask=offs_d < K, other=0.0).to(tl.float32)[None, :]
         tl.store(normed_ptr + out_offs, add_norm_values(sf, rstd[:, None], nw, NORM_MODE, x.dtype), mask=mask)
     return rstd
-
-
-@triton.jit
-def add_norm_after_tile(x_ptr, stride_xm, r_ptr, stride_rm, nw_ptr, offs_m, offs_k, K, mask, sum_ptr,
-                        NORM_MODE: tl.constexpr):
-    """X_ADD_NORM_AFTER's input tile: s * (1 + w) (zero-centred) or s * w (an fp32 weight) in fp32,
-    s = residual + x rounded to x's dtype, and its rows' sums of squares ([BM]); the product of
-    these inputs is scaled by each row's rstd after the K loop (`add_norm_store_rows`), so no
-    program waits for whole rows first. Program 0 stores s (the residual stream)."""
-    xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0)
-    r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], mask=mask, other=0.0)
-    s = (r.to(tl.float32) + xr.to(tl.float32)).to(xr.dtype)
-    if tl.program_id(0) == 0:
-        tl.store(sum_ptr + offs_m[:, None] * K + offs_k[None, :], s, mask=mask)
-    sf = s.to(tl.float32)
-    nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
-    if NORM_MODE == 1:
-        xv = sf * (1.0 + nw)
-    else:
-        xv = sf * nw
-    return xv, tl.sum(sf * sf, axis=1)
-
-
-@triton.jit
-def add_norm_store_rows(x_ptr, stride_xm, r_ptr, stride_rm, nw_ptr, rstd, offs_m, m_ok, K, normed_ptr,
-                        NORM_MODE: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Program 0 of an X_ADD_NORM_AFTER launch: the normed rows as kernels/norm's add_rms_norm
-    stores them (rounded to x's dtype), from the rows' rstd ([BM])."""
-    offs = tl.arange(0, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + offs
-        mask = m_ok[:, None] & (offs_k < K)[None, :]
-        xr = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=mask, other=0.0)
-        r = tl.load(r_ptr + offs_m[:, None] * stride_rm + offs_k[None, :], mask=mask, other=0.0)
-        sf = (r.to(tl.float32) + xr.to(tl.float32)).to(xr.dtype).to(tl.float32)
-        nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
-        tl.store(normed_ptr + offs_m[:, None] * K + offs_k[None, :],
-                 add_norm_values(sf, rstd[:, None], nw, NORM_MODE, xr.dtype), mask=mask)
 
 
 @triton.jit
@@ -224,8 +186,5 @@ def add_norm_args(add_norm: AddNormInput, x: torch.Tensor, weight: torch.Tensor)
         raise ValueError(f"x_add_norm takes rows of at most {ADD_NORM_MAX_K} values, got {k}")
     if x.dtype != weight.dtype:
         raise ValueError(f"x_add_norm needs x in the weight's dtype ({weight.dtype}), got {x.dtype}")
-    if add_norm.scale_after and mode == NORM_PLAIN:
-        raise ValueError("x_add_norm's scale_after needs a zero-centered or fp32 norm weight (a plain norm rounds "
-                         "the normed values before its weight)")
     return dict(xg_ptr=residual, stride_xgm=residual.stride(0), xnw_ptr=nw, x_eps=float(add_norm.eps),
                 sum_ptr=add_norm.summed, normed_ptr=add_norm.normed, NORM_MODE=mode, X_KP=next_pow2(k))

@@ -27,9 +27,8 @@ from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
 from .skinny_fusions import (
-    X_ADD_NORM, X_ADD_NORM_AFTER, X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, AddNormInput,
-    add_norm_after_tile, add_norm_args, add_norm_rstd, add_norm_store_rows, conv_decode_epilogue, decode_conv_args,
-    skinny_x_tile, x_gate_args,
+    X_ADD_NORM, X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, AddNormInput, add_norm_args, add_norm_rstd,
+    conv_decode_epilogue, decode_conv_args, skinny_x_tile, x_gate_args,
 )
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
@@ -55,9 +54,8 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     is an operation on x done in this launch (`skinny_fusions.skinny_x_tile`: silu_and_mul of [gate | up]
     rows of 2K values, a sigmoid gate, a per-head gated RMSNorm, a residual add and RMSNorm), with
     the bits of the separate launch it replaces (the norms: its casts). X_ADD_NORM reads whole rows
-    of x and the residual first (K <= X_KP) for their norms; X_ADD_NORM_AFTER takes the product of
-    the unnormalized inputs and scales each row by its rstd at the end. Program 0 stores the sum
-    and the normed rows at sum_ptr and normed_ptr.
+    of x and the residual first (K <= X_KP) for their norms; program 0 stores their sum and normed
+    rows at sum_ptr and normed_ptr.
     TOP_K > 0: y[m] = sum_{k < TOP_K} rows[m * TOP_K + k] (fp32, slot order) + g[m] * (x W^T)[m],
     g = sigmoid(gate[m]) with the logit and the sigmoid rounded to GATE_DTYPE (1 without
     HAS_GATE), rounded once: kernels/moe's combine with this product as its shared term.
@@ -75,20 +73,14 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_enter(PDL)
-    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)  # X_ADD_NORM_AFTER: the rows' sums of squares
     if X_OP == 4:
         rstd = add_norm_rstd(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, x_eps, offs_m, m_ok, K, sum_ptr,
                              normed_ptr, NORM_MODE, X_KP)
     else:
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if X_OP == 5:
-        xv, sq = add_norm_after_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, offs_m, offs_k, K,
-                                     m_ok[:, None] & (offs_k < K)[None, :], sum_ptr, NORM_MODE)
-        sum_sq += sq
-    else:
-        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
-                            m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
-                            X_PROD_DTYPE, rstd, NORM_MODE)
+    xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
+                        m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
+                        X_PROD_DTYPE, rstd, NORM_MODE)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
     w_ptrs += BLOCK_K
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -102,23 +94,11 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
             k_ok = (k0 + offs_k) < K
             w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x_mask = m_ok[:, None] & k_ok[None, :]
-        if X_OP == 5:
-            xv, sq = add_norm_after_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, offs_m, k0 + offs_k, K,
-                                         x_mask, sum_ptr, NORM_MODE)
-            sum_sq += sq
-        else:
-            xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m,
-                                k0 + offs_k, K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE,
-                                rstd, NORM_MODE)
+        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k,
+                            K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE, rstd, NORM_MODE)
         acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, axis=2)  # [BM, BN]
-    if X_OP == 5:
-        rstd = tl.rsqrt(sum_sq / K + x_eps)
-        y = y * rstd[:, None]
-        if tl.program_id(0) == 0:
-            add_norm_store_rows(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, rstd, offs_m, m_ok, K, normed_ptr,
-                                NORM_MODE, BLOCK_K)
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     if TOP_K > 0:
@@ -239,7 +219,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     add_norm = {}
     if x_add_norm is not None:
         add_norm = add_norm_args(x_add_norm, x, weight)
-        x_op = X_ADD_NORM_AFTER if x_add_norm.scale_after else X_ADD_NORM
+        x_op = X_ADD_NORM
     top_k = 0
     if topk_rows is not None:
         check_tensor("topk_rows", topk_rows, ndim=2, dtypes=(torch.float32,), device=x.device)

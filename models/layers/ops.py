@@ -18,9 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.switch import (
-    add_norm_scale_after, add_norm_tile, few_rows_limit, forced_reference, fuse_add_norm_allowed, skinny_rows_limit, use_triton,
-)
+from ...kernels.switch import few_rows_limit, forced_reference, fuse_add_norm_allowed, skinny_rows_limit, use_triton
 from ...kernels import attention as _attn
 from ...kernels import linear as _linear
 from ...kernels import activation as _act
@@ -92,7 +90,7 @@ class PendingAddNorm:
         """skinny_linear's x_add_norm; the norm counts as done from this launch on."""
         self.done = True
         return _linear.AddNormInput(self.residual, self.weight, self.eps, self.zero_centered, False,
-                                    self.summed, self.normed, self.zero_centered and add_norm_scale_after())
+                                    self.summed, self.normed)
 
 
 def defer_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, zero_centered: bool,
@@ -133,8 +131,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     `skinny_row` they run inside this launch, else as their own launch first."""
     if isinstance(x, PendingAddNorm):
         if x.fusable(weight) and not (x_silu_and_mul or x_sigmoid_gate is not None or x_gated_norm is not None):
-            y = _linear.skinny_linear(_rows_view(x.x), weight, bias, out_dtype, x_add_norm=x.kernel_input(),
-                                      **add_norm_tile())
+            y = _linear.skinny_linear(_rows_view(x.x), weight, bias, out_dtype, x_add_norm=x.kernel_input())
             return y.reshape(*x.shape[:-1], weight.shape[0])
         x = x.tensor()
     if x_silu_and_mul:
@@ -182,8 +179,7 @@ def linear_into_decode_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
         add_norm = x.kernel_input() if isinstance(x, PendingAddNorm) and x.fusable(weight) else None
         flat = _rows_view(x.x if add_norm is not None else resolve(x))
         y = _linear.skinny_linear(flat, weight, bias, decode_conv=(conv_weight, conv_states, fb.state_slots,
-                                                                   activation), x_add_norm=add_norm,
-                                  **(add_norm_tile() if add_norm is not None else {}))
+                                                                   activation), x_add_norm=add_norm)
         return y.reshape(*x.shape[:-1], weight.shape[0]), True
     return linear(x, weight, bias), False
 
