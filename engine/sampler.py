@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..device_io import to_device
-from ..kernels.sampling import masked_logits_row_ref, sample_tokens
+from ..kernels.sampling import greedy_argmax, masked_logits_row_ref, sample_tokens
 from ..kernels.switch import use_triton
 from .outputs import Logprob
 from .request import Request
@@ -47,7 +47,7 @@ def sample(logits: torch.Tensor, requests: list[Request], output_offsets: list[i
     output token number num_output_tokens + output_offsets[b] (default 0; a request appears
     once per verified position in a speculative step). Returns the sampled token ids [B]
     (int64, on logits' device) without waiting for the device on GPU: greedy rows take one
-    batched argmax, any other batch one sampling kernel; on the host path seeded rows draw
+    batched argmax (two launches), any other batch one sampling kernel; on the host path seeded rows draw
     from their own generators, in row order."""
     if use_triton(logits) and any(not r.params.greedy for r in requests):
         return _sample_batched(logits, requests, output_offsets or [0] * len(requests))
@@ -85,9 +85,11 @@ def _sample_batched(logits: torch.Tensor, requests: list[Request], output_offset
 
 
 def _sample_rows(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-    """Host path: one batched argmax, then seeded rows from their own generators (which
-    reads the argmax back: the host path is for CPU and the reference kernels)."""
-    tokens = logits.argmax(dim=-1)  # [B]
+    """One batched argmax (on the kernel path kernels/sampling's greedy_argmax: torch's tokens in
+    two launches over many programs, where torch's reduction takes 8 us for one row of 152k on
+    an H200), then, on the host path, seeded rows from their own generators (which reads the
+    argmax back: the host path is for CPU and the reference kernels)."""
+    tokens = greedy_argmax(logits) if use_triton(logits) else logits.argmax(dim=-1)  # [B]
     drawn = {}
     for b, req in enumerate(requests):
         if not req.params.greedy and req.params.temperature >= MIN_TEMPERATURE:

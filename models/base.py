@@ -70,9 +70,9 @@ class HybridForCausalLM(nn.Module):
         mtp = getattr(self, "mtp", None)
         return self.layer_ids.num_attn_layers + (mtp.num_kv_layers if mtp is not None else 0)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> logits [N, vocab] fp32."""
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, vocab] fp32 (written into out [N, vocab] when given)."""
+        return self.lm_head(hidden, out=out)
 
     def normalize_name(self, name: str) -> str | None:
         """Checkpoint name -> parameter name; None for tensors we knowingly skip."""

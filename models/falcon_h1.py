@@ -155,6 +155,8 @@ class FalconH1ForCausalLM(HybridForCausalLM):
             hidden, residual = layer(hidden, positions, fb, residual)
         return self.model.final_layernorm.add_and_norm(hidden, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> logits [N, vocab] fp32, times `lm_head_multiplier`."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, vocab] fp32, times `lm_head_multiplier` (into out when given)."""
+        if out is not None:
+            return self.lm_head(hidden, out=out).mul_(self.lm_head_multiplier)
         return self.lm_head(hidden) * self.lm_head_multiplier

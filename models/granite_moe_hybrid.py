@@ -138,6 +138,8 @@ class GraniteMoeHybridForCausalLM(HybridForCausalLM):
             hidden, residual = layer(hidden, positions, fb, residual)
         return self.model.norm.add_and_norm(hidden, residual)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, H] -> logits [N, vocab] fp32, divided by `logits_scaling`."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden: [N, H] -> logits [N, vocab] fp32, divided by `logits_scaling` (into out when given)."""
+        if out is not None:
+            return self.lm_head(hidden, out=out).div_(self.logits_scaling)
         return self.lm_head(hidden) / self.logits_scaling

@@ -122,10 +122,11 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
 
 def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
              out_dtype: torch.dtype | None, max_rows: int,
-             x_silu_and_mul: bool = False) -> tuple[torch.Tensor, int, int, int, bool]:
+             x_silu_and_mul: bool = False, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, int, int, bool]:
     """Both kernels' contract checks and output: (y [M, N] in out_dtype, M, N, K, done), where
     `done` means nothing is left to launch (no rows or outputs: y is empty; K = 0: y is the bias
-    or zeros). x_silu_and_mul: x is [M, 2K] (gate | up) in any float dtype."""
+    or zeros). x_silu_and_mul: x is [M, 2K] (gate | up) in any float dtype. out: y itself (rows
+    may be strided, last dim contiguous), else a new tensor."""
     check_launch_device(name, x)
     if x_silu_and_mul:
         check_tensor("x", x, ndim=2, dtypes=(torch.float32, *_HALF_DTYPES))
@@ -145,7 +146,11 @@ def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     out_dtype = out_dtype or weight.dtype
     if out_dtype not in (weight.dtype, torch.float32):
         raise ValueError(f"out_dtype must be the weight's dtype or torch.float32, got {out_dtype}")
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if out is not None:
+        check_tensor("out", out, ndim=2, dtypes=(out_dtype,), shape=(m, n), device=x.device)
+        y = out
+    else:
+        y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return y, m, n, k, True
     if k == 0:
@@ -169,8 +174,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   x_gated_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
                   topk_rows: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
                   decode_conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | None] | None = None,
-                  x_add_norm: AddNormInput | None = None, block_n: int | None = None, block_k: int | None = None,
-                  num_warps: int | None = None) -> torch.Tensor:
+                  x_add_norm: AddNormInput | None = None, out: torch.Tensor | None = None,
+                  block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default the weight's
     dtype; torch.float32 gives the unrounded sums for a tensor-parallel reduce).
@@ -197,10 +202,11 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     row m one decode token of the request in state slot state_slots[m]. They are returned as
     the conv's output and the slots' windows move on, the bits of kernels/causal_conv1d's
     causal_conv1d_varlen over this product (no bias). Output in the states' dtype.
-    block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
+    out: an [M, N] tensor in out_dtype (rows may be strided) to write and return in place of a
+    new one. block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
     if x_silu_and_mul + (x_sigmoid_gate is not None) + (x_gated_norm is not None) + (x_add_norm is not None) > 1:
         raise ValueError("x_silu_and_mul, x_sigmoid_gate, x_gated_norm and x_add_norm are exclusive")
-    y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul)
+    y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul, out)
     x_op, gate_args, head_d, nw, eps = X_PLAIN, (0, 0), 1, weight, 0.0
     gate = None
     if x_silu_and_mul:
@@ -326,8 +332,8 @@ def few_rows_config(m: int, n: int, k: int) -> dict:
 
 
 def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    out_dtype: torch.dtype | None = None, *, block_n: int | None = None,
-                    block_k: int | None = None, num_warps: int | None = None,
+                    out_dtype: torch.dtype | None = None, *, out: torch.Tensor | None = None,
+                    block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
                     num_stages: int | None = None, w_left: bool | None = None) -> torch.Tensor:
     """x W^T (+ b) for 2-16 rows on tensor cores (a verify row of K + 1 tokens, a small decode
     batch): each weight tile is read once for all rows, every row in one 16-row MMA tile, one
@@ -335,7 +341,7 @@ def few_rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     M <= FEW_ROWS_MAX_ROWS. A row's result does not depend on the other rows (each output
     element accumulates over the same K tiles in the same order). The keyword arguments
     override `few_rows_config` (benchmarks)."""
-    y, m, n, k, done = _prepare("few_rows_linear", x, weight, bias, out_dtype, FEW_ROWS_MAX_ROWS)
+    y, m, n, k, done = _prepare("few_rows_linear", x, weight, bias, out_dtype, FEW_ROWS_MAX_ROWS, out=out)
     if done:
         return y
     cfg = few_rows_config(m, n, k)

@@ -44,3 +44,8 @@ def masked_logits_ref(logits: torch.Tensor, temperature: torch.Tensor, top_k: to
             out[b] = masked_logits_row_ref(logits[b], float(temperature[b]), int(top_k[b]), float(top_p[b]),
                                            float(min_p[b]))
     return out
+
+
+def greedy_argmax_ref(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy tokens of logits [B, V]: torch's argmax (the first index of the max; NaN is the max)."""
+    return logits.argmax(dim=-1)

@@ -165,6 +165,43 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y if bias is None else y + bias.float()
 
 
+def linear_out(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, out_dtype: torch.dtype | None = None
+               ) -> torch.Tensor:
+    """`linear(x, weight, out_dtype=out_dtype)` written into out ([T, N], x: [T, K]) and returned:
+    the skinny and few-rows kernels and (CUDA, fp32 out) cuBLAS's mixed-dtype GEMM store their
+    result there (a CUDA graph's static logits buffer: no copy of its logits after the LM head);
+    any other path copies its result in."""
+    half = x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+    if half and few_rows(x) and out.dim() == 2 and out.stride(-1) == 1:
+        kernel = _linear.skinny_linear if x.shape[0] <= skinny_rows_limit() else _linear.few_rows_linear
+        return kernel(_rows_view(x), weight, None, out_dtype, out=out)
+    if half and out_dtype == torch.float32 and _mm_fp32_into(x, weight, out):
+        return out
+    return out.copy_(linear(x, weight, out_dtype=out_dtype))
+
+
+_MM_OUT = {"cuda": None}  # torch.mm(..., out_dtype=, out=) usable here: None until tried (outside a capture)
+
+
+def _mm_fp32_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
+    """x W^T in fp32 from half operands into out by cuBLAS's mixed-dtype GEMM, if this torch has
+    its `out=` form on CUDA (tried once outside CUDA graph capture, as `_linear_fp32_out`)."""
+    if not x.is_cuda or not _MIXED_DTYPE_MM["cuda"] or _MM_OUT["cuda"] is False:
+        return False
+    if _MM_OUT["cuda"] is None:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        try:
+            torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT["cuda"] = False
+            return False
+        _MM_OUT["cuda"] = True
+        return True
+    torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+    return True
+
+
 def linear_into_decode_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                             conv_weight: torch.Tensor, conv_states: torch.Tensor, fb: ForwardBatch,
                             activation: str | None) -> tuple[torch.Tensor, bool]:

@@ -58,8 +58,13 @@ class ParallelLMHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(_padded_vocab(vocab_size) // tp_size(), hidden_size))
         self.weight.weight_loader = _vocab_loader(vocab_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [T, H] -> logits [T, vocab] fp32; out: a [T, vocab] fp32 tensor to write them into
+        (and return): on one rank without vocabulary padding the GEMM stores them there itself."""
         # fp32 sums, never rounded to bf16: bf16 logits are 1/16 apart near 10, so close
         # candidates tie exactly and the greedy pick turned on that rounding
+        if out is not None and tp_size() == 1 and self.weight.shape[0] == self.vocab_size:
+            return ops.linear_out(hidden, self.weight, out, out_dtype=torch.float32)
         logits = all_gather_last_dim(ops.linear(hidden, self.weight, out_dtype=torch.float32))
-        return logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size].contiguous()
+        logits = logits if logits.shape[-1] == self.vocab_size else logits[..., : self.vocab_size].contiguous()
+        return logits if out is None else out.copy_(logits)

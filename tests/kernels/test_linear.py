@@ -250,6 +250,25 @@ def test_ops_linear_dispatch(monkeypatch):
         ops.linear(x, w)
 
 
+def test_linear_out_writes_the_given_tensor(monkeypatch):
+    """ops.linear_out: the skinny and few-rows kernels store x W^T (fp32 out: the LM head's
+    logits) straight into the given tensor, rows strided too; torch's path copies its result in."""
+    from hybrid_serve.models.layers import ops
+
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")
+    w = _rand(24, 40, seed=60)
+    for rows in (1, 5, 20):  # skinny, few-rows, torch
+        x = _rand(rows, 40, seed=61 + rows)
+        want = ops.linear(x, w, out_dtype=torch.float32)
+        buf = torch.full((rows, 30), float("nan"), device=DEVICE)
+        out = buf[:, 3:27]  # strided rows
+        got = ops.linear_out(x, w, out, out_dtype=torch.float32)
+        assert got is out and torch.equal(out, want)
+        assert torch.isnan(buf[:, :3]).all() and torch.isnan(buf[:, 27:]).all()
+    with pytest.raises(ValueError, match="out"):
+        skinny_linear(_rand(1, 40), w, out_dtype=torch.float32, out=torch.empty(1, 23, device=DEVICE))
+
+
 def test_pending_add_norm_runs_in_the_next_projection(monkeypatch):
     """RMSNorm.add_and_norm(defer_to=) at a decode row returns an ops.PendingAddNorm when its
     consumer kind is allowed (HYBRID_SERVE_FUSE_ADD_NORM: default attention, mlp, moe); the next

@@ -5,7 +5,8 @@ import torch
 from kernel_utils import DEVICE, gpu, require_triton
 
 require_triton()
-from hybrid_serve.kernels.sampling import masked_logits, masked_logits_ref, sample_tokens  # noqa: E402
+from hybrid_serve.kernels.sampling import (  # noqa: E402
+    greedy_argmax, greedy_argmax_ref, masked_logits, masked_logits_ref, sample_tokens)
 
 
 def _params(rows, device=DEVICE):
@@ -145,3 +146,31 @@ def test_draws_follow_the_masked_distribution_gpu():
         freq = torch.bincount(tokens, minlength=8).float() / n
         assert (freq[want == 0] == 0).all(), "a masked token was drawn"
         assert (freq - want).abs().max() < 0.02, (temp, top_k, top_p, min_p, freq, want)
+
+
+@pytest.mark.parametrize("vocab,block_v", [(50, 16), (200, 64), (1000, 256), (37, 4096)])
+def test_greedy_argmax_is_torch_argmax(vocab, block_v):
+    """Two launches over blocks of the vocabulary give torch.argmax's token on every row: the first
+    index of a maximum repeated in several blocks, -0.0 equal to +0.0, a NaN the largest (its
+    first index), rows of -inf (index 0), strided rows, and bf16 logits."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(9, vocab + 3, generator=gen)[:, :vocab]  # rows strided
+    logits[1, [vocab - 1, 3, vocab // 2]] = 7.0  # a tie across blocks: the first index wins
+    logits[2] = float("-inf")
+    logits[3, :] = -1.0
+    logits[3, 5], logits[3, vocab - 2] = -0.0, 0.0  # +-0 equal: index 5
+    logits[4, [vocab // 3, vocab - 1]] = float("nan")
+    logits[5] = -torch.arange(vocab, dtype=torch.float32)  # the max at index 0
+    logits[6] = torch.arange(vocab, dtype=torch.float32)  # at the last index
+    logits[7, vocab - 1] = float("inf")
+    logits[8, :] = 0.0
+    got = greedy_argmax(logits.to(DEVICE), block_v=block_v).cpu()
+    assert got.dtype == torch.int64
+    assert torch.equal(got, greedy_argmax_ref(logits))
+    half = logits[[0, 1, 5, 6]].bfloat16()
+    assert torch.equal(greedy_argmax(half.to(DEVICE), block_v=block_v).cpu(), greedy_argmax_ref(half))
+    assert greedy_argmax(logits[:0].to(DEVICE)).shape == (0,)
+    with pytest.raises(ValueError, match="block_v"):
+        greedy_argmax(logits.to(DEVICE), block_v=48)
+    with pytest.raises(ValueError, match="V = 0"):
+        greedy_argmax(logits[:, :0].to(DEVICE))

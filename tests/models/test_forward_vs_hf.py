@@ -35,7 +35,11 @@ def _assert_prefill_matches(model_dir: str, ref_logits: torch.Tensor, ids: torch
     with torch.no_grad():
         for prefix, n in CHUNKS:
             fb = ForwardBatch.from_plan([row], [prefix], [n], table, kv_pool, state_pool)
-            logits.append(model.compute_logits(model(ids[0, prefix:prefix + n], fb.positions, fb)))
+            hidden = model(ids[0, prefix:prefix + n], fb.positions, fb)
+            logits.append(model.compute_logits(hidden))
+            # the decode graphs' form, into a static buffer: the same logits (each family's scaling too)
+            buf = torch.full_like(logits[-1], float("nan"))
+            assert model.compute_logits(hidden, out=buf) is buf and torch.equal(buf, logits[-1])
     ours = torch.cat(logits)
     rel = ((ours - ref_logits).norm() / ref_logits.norm()).item()
     assert rel <= 1e-4, f"{what}: relative error {rel:.2e}"
