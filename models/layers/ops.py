@@ -37,7 +37,7 @@ from .state_mixer_ops import (  # noqa: F401
 # ----- linears -----------------------------------------------------------------------------
 class PendingAddNorm:
     """A decoder layer's residual add and the RMSNorm after it, left to the projection that reads
-    the normed rows (`RMSNorm.add_and_norm(defer=True)` at a decode row, `defer_add_norm`): the
+    the normed rows (`RMSNorm.add_and_norm(defer_to=kind)` at a decode row, `defer_add_norm`): the
     next `linear` (or `linear_into_decode_conv`, `router_logits`) runs the norm inside its skinny
     launch (kernels/linear's x_add_norm; the norm's sums of squares may add in another order than
     kernels/norm's, so a normed value can differ from the separate launch's by a rounding), which
@@ -95,7 +95,7 @@ class PendingAddNorm:
 
 def defer_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, zero_centered: bool,
                    consumer: str) -> bool:
-    """Whether `RMSNorm.add_and_norm(x, residual, defer=True)` leaves the add and norm to the next
+    """Whether `RMSNorm.add_and_norm(x, residual, defer_to=consumer)` leaves the add and norm to the next
     projection's launch (a PendingAddNorm): a skinny row ([1, D] at batch-1 decode) on the kernel
     path, x and residual in one half dtype, a zero-centered norm or a weight in that dtype, D up to
     the kernel's whole-row limit, and HYBRID_SERVE_FUSE_ADD_NORM allowing the consumer's kind
