@@ -106,7 +106,7 @@ def moe_one_row_tiles_allowed() -> bool:
 
 ADD_NORM_CONSUMERS = ("gdn", "attention", "mlp", "moe")  # the projections that may take a layer's add and norm
 # The default consumers. H200, batch-1 decode graphs, PDL on (benchmarks/moe_decode_ab.py --ab
-# add_norm_kinds, one call, results/add_norm_kinds_s44_h200.json): the Qwen3-Next 12-layer slice
+# add_norm_kinds, one call, results/issue12_s44_h200.json, call 4): the Qwen3-Next 12-layer slice
 # 0.943 ms with none, 0.939 with these, 0.962 with every consumer (the GDN in-projection after a
 # MoE block: +25 us over 9 layers); the 2.3B Qwen3.5 layout 1.548, 1.519, 1.508. GDN stays out.
 ADD_NORM_DEFAULT = "attention,mlp,moe"
@@ -124,4 +124,3 @@ def fuse_add_norm_allowed(consumer: str) -> bool:
     if bad:
         raise ValueError(f"{FUSE_ADD_NORM_ENV} must be 0, 1 or a list of {list(ADD_NORM_CONSUMERS)}, got {value!r}")
     return consumer in kinds
-

@@ -182,8 +182,8 @@ class DecodeGraphs:
         pool): logits per size held side by side would take sum(sizes) x V x 4 bytes, 2.6 GB
         for 35 sizes up to 256 at a 152k vocabulary, against 0.16 GB. The LM head's GEMM writes
         into it (`compute_logits(out=)`): at up to 16 rows on one rank no copy follows (one
-        read and write of the logits, 0.6 MB a row, 1.9 us at batch 1 on an H200), elsewhere
-        the logits are copied in."""
+        read and write of the logits, 0.6 MB a row, 1.9 us at batch 1 on an H200), beyond 16
+        rows or under tensor parallelism the logits are copied in."""
         pool = torch.cuda.graph_pool_handle()
         self.buffers.meta.zero_()
         shared = None
@@ -194,7 +194,7 @@ class DecodeGraphs:
                                      device=logits.device)
                 del logits
             out = shared[: size * self.tokens_per_row]
-            self._logits(size, out=out)  # warm-up: compiles the kernels (and tries the GEMM's out form) outside capture
+            self._logits(size, out=out)  # warm-up: compiles the kernels outside capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

@@ -10,7 +10,8 @@ Batch metadata comes from the step's ForwardBatch `fb` (models/forward_batch.py)
     reference path  fb.host.state_slots, fb.host.cu_seqlens, ... host lists
 
 The recurrent-state mixers' ops (causal conv, Gated DeltaNet, Mamba2) are dispatched in
-state_mixer_ops.py and re-exported here; the varlen-op marking (where piecewise CUDA graphs
+state_mixer_ops.py and re-exported here, as is pending_norm.py's PendingAddNorm (a decoder
+layer's add and norm left to the next projection's launch); the varlen-op marking (where piecewise CUDA graphs
 cut) lives in varlen.py.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...kernels.switch import few_rows_limit, forced_reference, fuse_add_norm_allowed, skinny_rows_limit, use_triton
+from ...kernels.switch import few_rows_limit, forced_reference, skinny_rows_limit, use_triton
 from ...kernels import attention as _attn
 from ...kernels import linear as _linear
 from ...kernels import activation as _act
@@ -28,6 +29,7 @@ from ...kernels import rotary as _rotary
 from ..forward_batch import ForwardBatch
 from .varlen import VARLEN_HOOK, varlen_op  # noqa: F401  (VARLEN_HOOK: piecewise graphs set it)
 # the recurrent-state mixers (conv, GDN, Mamba2), dispatched in their own module
+from .pending_norm import PendingAddNorm, defer_add_norm, resolve  # noqa: F401  (re-exported)
 from .state_mixer_ops import (  # noqa: F401
     RECURRENT_MAX_TOKENS, STATE_CHUNK, causal_conv1d, gated_delta_rule, gated_delta_rule_from_projections, gdn_gating,
     selective_state_update, verify_graph_defers_state,
@@ -35,83 +37,6 @@ from .state_mixer_ops import (  # noqa: F401
 
 
 # ----- linears -----------------------------------------------------------------------------
-class PendingAddNorm:
-    """A decoder layer's residual add and the RMSNorm after it, left to the projection that reads
-    the normed rows (`RMSNorm.add_and_norm(defer_to=kind)` at a decode row, `defer_add_norm`): the
-    next `linear` (or `linear_into_decode_conv`, `router_logits`) runs the norm inside its skinny
-    launch (kernels/linear's x_add_norm; the norm's sums of squares may add in another order than
-    kernels/norm's, so a normed value can differ from the separate launch's by a rounding), which
-    stores the normed and summed rows into `normed` and `summed`. Any other reader takes
-    `tensor()`, which runs kernels/norm's add_rms_norm into the same tensors if no launch did yet.
-    `summed` is the residual stream the layer keeps: filled, in stream order, before anything
-    after the projection reads it."""
-
-    __slots__ = ("x", "residual", "weight", "eps", "zero_centered", "summed", "normed", "done")
-
-    def __init__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                 zero_centered: bool) -> None:
-        self.x, self.residual, self.weight, self.eps, self.zero_centered = x, residual, weight, eps, zero_centered
-        self.summed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        self.normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        self.done = False
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.x.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.x.device
-
-    @property
-    def is_cuda(self) -> bool:
-        return self.x.is_cuda
-
-    def numel(self) -> int:
-        return self.x.numel()
-
-    def tensor(self) -> torch.Tensor:
-        """The normed rows (their own launch unless a projection's launch computed them)."""
-        if not self.done:
-            _norm.add_rms_norm(self.x, self.residual, self.weight, self.eps, self.zero_centered,
-                               out=(self.normed, self.summed))
-            self.done = True
-        return self.normed
-
-    def fusable(self, weight: torch.Tensor) -> bool:
-        """Whether a linear by `weight` can run the norm in its skinny launch now."""
-        return not self.done and _skinny(self.x, weight) and self.x.dtype == weight.dtype
-
-    def kernel_input(self) -> "_linear.AddNormInput":
-        """skinny_linear's x_add_norm; the norm counts as done from this launch on."""
-        self.done = True
-        return _linear.AddNormInput(self.residual, self.weight, self.eps, self.zero_centered, False,
-                                    self.summed, self.normed)
-
-
-def defer_add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, zero_centered: bool,
-                   consumer: str) -> bool:
-    """Whether `RMSNorm.add_and_norm(x, residual, defer_to=consumer)` leaves the add and norm to the next
-    projection's launch (a PendingAddNorm): a skinny row ([1, D] at batch-1 decode) on the kernel
-    path, x and residual in one half dtype, a zero-centered norm or a weight in that dtype, D up to
-    the kernel's whole-row limit, and HYBRID_SERVE_FUSE_ADD_NORM allowing the consumer's kind
-    (kernels/switch.py's ADD_NORM_CONSUMERS: the module that reads the normed rows)."""
-    return (x.dim() == 2 and 0 < x.shape[0] <= skinny_rows_limit() and use_triton(x)
-            and x.dtype in (torch.bfloat16, torch.float16) and residual.dtype == x.dtype
-            and residual.shape == x.shape and x.stride(-1) == 1 and residual.stride(-1) == 1
-            and (zero_centered or weight.dtype == x.dtype) and x.shape[1] <= _linear.ADD_NORM_MAX_K
-            and fuse_add_norm_allowed(consumer))
-
-
-def resolve(x: "torch.Tensor | PendingAddNorm") -> torch.Tensor:
-    """x itself, or a PendingAddNorm's normed rows (`PendingAddNorm.tensor`)."""
-    return x.tensor() if isinstance(x, PendingAddNorm) else x
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None, *, x_silu_and_mul: bool = False,
            x_sigmoid_gate: torch.Tensor | None = None,
@@ -130,7 +55,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     x may be a PendingAddNorm (a decoder layer's residual add and norm not yet run): at a
     `skinny_row` they run inside this launch, else as their own launch first."""
     if isinstance(x, PendingAddNorm):
-        if x.fusable(weight) and not (x_silu_and_mul or x_sigmoid_gate is not None or x_gated_norm is not None):
+        other_op = x_silu_and_mul or x_sigmoid_gate is not None or x_gated_norm is not None
+        if add_norm_fusable(x, weight) and not other_op:
             y = _linear.skinny_linear(_rows_view(x.x), weight, bias, out_dtype, x_add_norm=x.kernel_input())
             return y.reshape(*x.shape[:-1], weight.shape[0])
         x = x.tensor()
@@ -168,38 +94,13 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def linear_out(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, out_dtype: torch.dtype | None = None
                ) -> torch.Tensor:
     """`linear(x, weight, out_dtype=out_dtype)` written into out ([T, N], x: [T, K]) and returned:
-    the skinny and few-rows kernels and (CUDA, fp32 out) cuBLAS's mixed-dtype GEMM store their
-    result there (a CUDA graph's static logits buffer: no copy of its logits after the LM head);
-    any other path copies its result in."""
-    half = x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
-    if half and few_rows(x) and out.dim() == 2 and out.stride(-1) == 1:
+    the skinny and few-rows kernels store their result there (a CUDA graph's static logits
+    buffer: no copy of its logits after the LM head); any other path copies its result in."""
+    if (few_rows(x) and x.dim() == 2 and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and out.dim() == 2 and out.stride(-1) == 1):
         kernel = _linear.skinny_linear if x.shape[0] <= skinny_rows_limit() else _linear.few_rows_linear
         return kernel(_rows_view(x), weight, None, out_dtype, out=out)
-    if half and out_dtype == torch.float32 and _mm_fp32_into(x, weight, out):
-        return out
     return out.copy_(linear(x, weight, out_dtype=out_dtype))
-
-
-_MM_OUT = {"cuda": None}  # torch.mm(..., out_dtype=, out=) usable here: None until tried (outside a capture)
-
-
-def _mm_fp32_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> bool:
-    """x W^T in fp32 from half operands into out by cuBLAS's mixed-dtype GEMM, if this torch has
-    its `out=` form on CUDA (tried once outside CUDA graph capture, as `_linear_fp32_out`)."""
-    if not x.is_cuda or not _MIXED_DTYPE_MM["cuda"] or _MM_OUT["cuda"] is False:
-        return False
-    if _MM_OUT["cuda"] is None:
-        if torch.cuda.is_current_stream_capturing():
-            return False
-        try:
-            torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
-        except Exception:  # any failure of the probe: the copy path, as before
-            _MM_OUT["cuda"] = False
-            return False
-        _MM_OUT["cuda"] = True
-        return True
-    torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
-    return True
 
 
 def linear_into_decode_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -213,7 +114,7 @@ def linear_into_decode_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     `causal_conv1d`."""
     if (skinny_row(x, weight) and fb.max_extend_len == 1 and not fb.checkpoints and not fb.spec_scratch_steps
             and x.dtype == weight.dtype == conv_states.dtype):
-        add_norm = x.kernel_input() if isinstance(x, PendingAddNorm) and x.fusable(weight) else None
+        add_norm = x.kernel_input() if add_norm_fusable(x, weight) else None
         flat = _rows_view(x.x if add_norm is not None else resolve(x))
         y = _linear.skinny_linear(flat, weight, bias, decode_conv=(conv_weight, conv_states, fb.state_slots,
                                                                    activation), x_add_norm=add_norm)
@@ -234,6 +135,12 @@ def _rows_view(x: torch.Tensor) -> torch.Tensor:
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return 0 < _num_rows(x) <= skinny_rows_limit() and use_triton(x) and weight.dtype in (torch.bfloat16, torch.float16)
+
+
+def add_norm_fusable(x: "torch.Tensor | PendingAddNorm", weight: torch.Tensor) -> bool:
+    """Whether x is a PendingAddNorm whose add and norm a linear by `weight` can run in its skinny
+    launch now (not run yet, a skinny row, x in the weight's dtype)."""
+    return isinstance(x, PendingAddNorm) and not x.done and _skinny(x.x, weight) and x.dtype == weight.dtype
 
 
 def skinny_row(x: torch.Tensor, weight: torch.Tensor) -> bool:

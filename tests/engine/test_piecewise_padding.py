@@ -58,7 +58,7 @@ def test_sizes():
     assert piecewise_sizes(96) == [16, 32, 64, 96]
     assert piecewise_sizes(2048)[-3:] == [1536, 1792, 2048]
     assert piecewise_sizes(10) == [10]
-    # past the table's 4,096, a size every 512 tokens up to the budget (CUDA's default: 8,192)
+    # past the table's 2,048, a size every 256 tokens up to the budget (CUDA's default: 8,192)
     assert piecewise_sizes(8192)[-6:] == [6912, 7168, 7424, 7680, 7936, 8192]
     assert piecewise_sizes(8192)[13:16] == [2048, 2304, 2560] and len(piecewise_sizes(8192)) == 38
     assert piecewise_sizes(5000)[-3:] == [4608, 4864, 5000]
