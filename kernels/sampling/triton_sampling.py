@@ -104,12 +104,28 @@ def _argmax_final_kernel(part_ptr, out_ptr, num_parts, BLOCK_P: tl.constexpr, PD
 
 
 ARGMAX_BLOCK_V = 4096  # values of a row per program of greedy_argmax (38 programs a row at V = 151,936)
+# Partial keys a row's final program reads: one compile-time tile for every vocabulary up to
+# ARGMAX_MAX_PARTS * block_v (4M ids at 4,096), so the variant the engine's warm-up compiles (a
+# [1, 16] probe) is the one serving meets. A tile that followed V (16 below 64k ids, 64 at 152k)
+# compiled a second variant after ready on an H200 (benchmarks/step_breakdown.py's first-step
+# sweep, 2.3B model, session 45).
+ARGMAX_MAX_PARTS = 1024
+
+
+def argmax_final_config(num_parts: int) -> dict:
+    """greedy_argmax's final launch for rows of num_parts partial keys: the same compile-time
+    configuration for every num_parts <= ARGMAX_MAX_PARTS; ValueError beyond."""
+    if not 1 <= num_parts <= ARGMAX_MAX_PARTS:
+        raise ValueError(f"greedy_argmax: {num_parts} partial keys a row, at most {ARGMAX_MAX_PARTS} "
+                         f"(a vocabulary over {ARGMAX_MAX_PARTS} x block_v ids)")
+    return dict(BLOCK_P=ARGMAX_MAX_PARTS, num_warps=4)
 
 
 def greedy_argmax(logits: torch.Tensor, block_v: int = ARGMAX_BLOCK_V) -> torch.Tensor:
     """torch.argmax(logits, dim=-1) for logits [B, V] (float, row stride free, last dim
     contiguous): the first index of each row's largest value, a NaN counting as the largest
-    (-0.0 and +0.0 equal). Returns [B] int64 without a host sync. V < 2^31."""
+    (-0.0 and +0.0 equal). Returns [B] int64 without a host sync. V <= ARGMAX_MAX_PARTS * block_v.
+    One compiled variant of each launch for every V (`argmax_final_config`)."""
     check_launch_device("greedy_argmax", logits)
     check_tensor("logits", logits, ndim=2, dtypes=FLOAT_DTYPES)
     batch, vocab = logits.shape
@@ -121,11 +137,11 @@ def greedy_argmax(logits: torch.Tensor, block_v: int = ARGMAX_BLOCK_V) -> torch.
     if batch == 0:
         return tokens
     num_parts = triton.cdiv(vocab, block_v)
+    final = argmax_final_config(num_parts)
     parts = torch.empty(batch, num_parts, dtype=torch.int64, device=logits.device)
     _argmax_partial_kernel[(batch, num_parts)](logits, parts, vocab, logits.stride(0), num_parts, BLOCK_V=block_v,
                                                num_warps=8 if block_v >= 2048 else 4)
-    _argmax_final_kernel[(batch,)](parts, tokens, num_parts, BLOCK_P=max(16, next_pow2(num_parts)),
-                                   num_warps=4 if num_parts > 256 else 1)
+    _argmax_final_kernel[(batch,)](parts, tokens, num_parts, **final)
     return tokens
 
 

@@ -174,3 +174,15 @@ def test_greedy_argmax_is_torch_argmax(vocab, block_v):
         greedy_argmax(logits.to(DEVICE), block_v=48)
     with pytest.raises(ValueError, match="V = 0"):
         greedy_argmax(logits[:, :0].to(DEVICE))
+
+
+def test_greedy_argmax_has_one_final_variant_for_every_vocabulary():
+    """The engine's warm-up compiles greedy_argmax on a [1, 16] probe; serving must meet that
+    variant at any real vocabulary (a final tile that followed V compiled after ready at 152k ids)."""
+    from hybrid_serve.kernels.sampling.triton_sampling import ARGMAX_BLOCK_V, ARGMAX_MAX_PARTS, argmax_final_config
+
+    vocabs = (16, 32_000, 65_536, 151_936, 262_144, ARGMAX_MAX_PARTS * ARGMAX_BLOCK_V)
+    configs = {tuple(sorted(argmax_final_config(-(-v // ARGMAX_BLOCK_V)).items())) for v in vocabs}
+    assert len(configs) == 1
+    with pytest.raises(ValueError, match=f"{ARGMAX_MAX_PARTS + 1} partial keys a row, at most {ARGMAX_MAX_PARTS}"):
+        greedy_argmax(torch.zeros(1, 16 * (ARGMAX_MAX_PARTS + 1), device=DEVICE), block_v=16)
