@@ -62,6 +62,23 @@ def record_logprobs(logits: torch.Tensor, tokens: list[int], requests: list[Requ
             record_logprob(req, logits[b], tokens[b])
 
 
+def warm_up_sampling(vocab: int, device: torch.device) -> None:
+    """Run the kernel path's sampling launches once at the logits' width `vocab` (fp32 rows of
+    the LM head): the all-greedy argmax and `sample_tokens` with and without the top-k/top-p/min-p
+    masking (its Gumbel kernel's two variants). An engine's warm-up calls it before ready: the
+    kernels specialize on the vocabulary, and a first sampled request would otherwise compile
+    one while serving. Nothing off the kernel path."""
+    logits = torch.zeros(2, vocab, device=device)
+    if not use_triton(logits):
+        return
+    greedy_argmax(logits)
+    floats = torch.tensor([0.0, 0.7], device=device)  # a greedy row and a sampled one
+    ints = torch.tensor([0, 1], dtype=torch.int64, device=device)
+    for masking in (False, True):
+        sample_tokens(logits, floats, ints if masking else ints * 0, torch.ones(2, device=device), floats * 0,
+                      ints, ints, use_top_k_top_p=masking, use_min_p=False)
+
+
 def record_logprob(req: Request, logits_row: torch.Tensor, token: int) -> None:
     """Append the request's logprobs entry for `token`, sampled from logits_row [V]."""
     req.logprobs.append(_logprobs(logits_row, token, req.params.logprobs))

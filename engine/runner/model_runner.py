@@ -21,12 +21,11 @@ from ...distributed import broadcast_from_rank0
 from ...kernels.attention import warm_up_paged_attention
 from ...kernels.attention.cudnn_extend import warm_up_cudnn_extend
 from ...kernels.attention.sdpa_extend import warm_up_sdpa_extend
-from ...kernels.sampling import greedy_argmax
-from ...kernels.switch import use_triton
 from ...mem_cache import KVPool, RequestRowTable, StatePool, apply_cache_ops
 from ...models.forward_batch import ForwardBatch
 from ...models.layers.attention import PagedAttention
 from ...models.layers.ops import verify_graph_defers_state
+from ..sampler import warm_up_sampling
 from .cuda_graph import DecodeGraphs, decode_meta
 from .piecewise_graph import PiecewiseGraphs, piecewise_sizes
 from .step_plan import MtpPlan, StepPlan
@@ -141,9 +140,9 @@ class ModelRunner:
             warm_up_paged_attention(num_q_heads, self.kv_pool.k_buffers[0], self.kv_pool.v_buffers[0],
                                     self.req_table.req_to_token)
         warm_up_sdpa_extend()  # prompt rows over a cached prefix build torch's lower-right causal mask
-        probe = torch.zeros(1, 16, device=self.device)  # fp32 logits, as the LM head gives them
-        if use_triton(probe):
-            greedy_argmax(probe)  # all-greedy batches' argmax (engine/sampler.py): one variant, any V
+        # the sampler's launches at the logits' width (fp32, as the LM head gives them): greedy and
+        # sampled rows (a first request with a temperature compiled the Gumbel kernel after ready)
+        warm_up_sampling(self.model.lm_head.vocab_size, self.device)
         # long prompt rows on cuDNN (kernels/attention/cudnn_extend.py): every padded shape's plan
         shapes = {(m.num_heads, m.num_kv_heads, m.head_dim, self.kv_pool.v_buffers[m.attn_layer_id].shape[-1], m.scale)
                   for m in attn}

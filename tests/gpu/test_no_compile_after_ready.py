@@ -4,10 +4,14 @@ state pool (GDN conv + SSM, Mamba2 conv + SSM, short conv alone), bf16 on the GP
 fresh process (kernels compiled by earlier tests in this one would hide a gap): a batch of
 prompts whose chunks end at several state checkpoints in one step (one `copy_many` over
 several slots), decode, then the same prompts again, extended, resuming from their
-checkpoints. The hook is Triton's `jit_cache_hook`, which runs on every miss of a kernel's
-in-memory cache. Marker `gpu`."""
+checkpoints, then sampled requests (temperature, top-p, top-k, min-p). The hook is Triton's
+`jit_cache_hook`, which runs on every miss of a kernel's in-memory cache. The GDN family runs a
+second time at a real vocabulary (151,936 ids, dummy weights): the sampler's kernels specialize
+on the logits' width, and the tiny configs' vocabularies met only what a small warm-up probe had
+compiled (session 45: at 152k ids greedy_argmax's final kernel compiled after ready). Marker `gpu`."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,8 +29,8 @@ import json, sys
 from triton import knobs
 from hybrid_serve import LLM, SamplingParams
 
-llm = LLM(model=sys.argv[1], dtype="bfloat16", device="cuda", max_num_seqs=8, max_model_len=512,
-          cache_memory_bytes=64 * 1024**2, state_checkpoint_interval=16, chunked_prefill_size=256)
+llm = LLM(model=sys.argv[1], load_format=sys.argv[2], dtype="bfloat16", device="cuda", max_num_seqs=8,
+          max_model_len=512, cache_memory_bytes=64 * 1024**2, state_checkpoint_interval=16, chunked_prefill_size=256)
 compiled = []
 def hook(**kwargs):
     compiled.append(getattr(kwargs.get("fn"), "name", "?"))
@@ -36,14 +40,39 @@ prompts = [[(7 * p + 3 * i) % 250 + 1 for i in range(48)] for p in range(6)]  # 
 greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 first = llm.generate(prompts, greedy)
 again = llm.generate([p + o.outputs[0].token_ids for p, o in zip(prompts, first)], greedy)
+sampled = [SamplingParams(max_tokens=4, temperature=0.8, seed=1),  # the Gumbel kernel without masking
+           SamplingParams(max_tokens=4, temperature=0.7, top_p=0.9, seed=2),  # with it
+           SamplingParams(max_tokens=4, temperature=1.0, top_k=5, min_p=0.05, seed=3)]
+llm.generate(prompts[:3], sampled)
 print(json.dumps({"compiled": compiled, "cached": [o.num_cached_tokens for o in again]}))
 """
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "nemotron_h", "lfm2"])
-def test_no_kernel_compiles_after_ready(family, reference_models):
+REAL_VOCAB = 151_936  # Qwen3.5 / Qwen3-Next's
+
+
+def _with_vocab(model_dir: str, out_dir: str, vocab: int) -> str:
+    """A copy of model_dir's config (no weights: load_format dummy) with `vocab` ids."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    (cfg["text_config"] if "vocab_size" in cfg.get("text_config", {}) else cfg)["vocab_size"] = vocab
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    for name in ("generation_config.json",):
+        if os.path.exists(os.path.join(model_dir, name)):
+            shutil.copy(os.path.join(model_dir, name), out_dir)
+    return out_dir
+
+
+@pytest.mark.parametrize("family,vocab", [("qwen3_5", None), ("nemotron_h", None), ("lfm2", None),
+                                          ("qwen3_5", REAL_VOCAB)])
+def test_no_kernel_compiles_after_ready(family, vocab, reference_models, tmp_path):
     model_dir, _ = reference_models(family)
-    proc = subprocess.run([sys.executable, "-c", SERVE, model_dir], capture_output=True, text=True, timeout=600)
+    load_format = "auto"
+    if vocab is not None:
+        model_dir, load_format = _with_vocab(model_dir, str(tmp_path), vocab), "dummy"
+    proc = subprocess.run([sys.executable, "-c", SERVE, model_dir, load_format], capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(n > 0 for n in result["cached"]), result  # the second turn did resume from checkpoints

@@ -186,3 +186,29 @@ def test_greedy_argmax_has_one_final_variant_for_every_vocabulary():
     assert len(configs) == 1
     with pytest.raises(ValueError, match=f"{ARGMAX_MAX_PARTS + 1} partial keys a row, at most {ARGMAX_MAX_PARTS}"):
         greedy_argmax(torch.zeros(1, 16 * (ARGMAX_MAX_PARTS + 1), device=DEVICE), block_v=16)
+
+
+def test_engine_warm_up_runs_every_sampling_launch_at_the_logits_width(monkeypatch):
+    """engine/sampler.warm_up_sampling (the engine's warm-up, before ready) runs the greedy argmax
+    and the Gumbel kernel with and without masking at the width it is given: the variants a
+    greedy and a sampled (temperature, top-k/top-p/min-p) request meet at that vocabulary."""
+    from hybrid_serve.engine import sampler
+
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "triton")  # the kernel path on this device too
+    calls = []
+
+    def record(name, fn):
+        def wrapped(logits, *args, **kwargs):
+            calls.append((name, tuple(logits.shape), logits.stride(0), logits.dtype, kwargs.get("use_top_k_top_p")))
+            return fn(logits, *args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(sampler, "greedy_argmax", record("argmax", sampler.greedy_argmax))
+    monkeypatch.setattr(sampler, "sample_tokens", record("sample", sampler.sample_tokens))
+    sampler.warm_up_sampling(37, torch.device(DEVICE))
+    assert calls == [("argmax", (2, 37), 37, torch.float32, None), ("sample", (2, 37), 37, torch.float32, False),
+                     ("sample", (2, 37), 37, torch.float32, True)]
+    calls.clear()
+    monkeypatch.setenv("HYBRID_SERVE_KERNELS", "ref")  # off the kernel path: nothing
+    sampler.warm_up_sampling(37, torch.device(DEVICE))
+    assert calls == []
