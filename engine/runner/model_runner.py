@@ -141,7 +141,7 @@ class ModelRunner:
                                     self.req_table.req_to_token)
         warm_up_sdpa_extend()  # prompt rows over a cached prefix build torch's lower-right causal mask
         # the sampler's launches at the logits' width (fp32, as the LM head gives them): greedy and
-        # sampled rows (a first request with a temperature compiled the Gumbel kernel after ready)
+        # sampled rows (without it a first request with a temperature would compile the Gumbel kernel)
         warm_up_sampling(self.model.lm_head.vocab_size, self.device)
         # long prompt rows on cuDNN (kernels/attention/cudnn_extend.py): every padded shape's plan
         shapes = {(m.num_heads, m.num_kv_heads, m.head_dim, self.kv_pool.v_buffers[m.attn_layer_id].shape[-1], m.scale)
