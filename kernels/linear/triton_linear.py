@@ -18,6 +18,8 @@ rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP 
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -48,9 +50,11 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                           stride_cw=0, conv_states_ptr=None, state_slots_ptr=None, conv_num_slots=0,
                           conv_channels=0, stride_cs_n=0, stride_cs_d=0, stride_cs_k=0,
                           sum_ptr=None, normed_ptr=None, NORM_MODE: tl.constexpr = 0, X_KP: tl.constexpr = 1,
-                          PDL: tl.constexpr = False):
+                          LOOP_STAGES: tl.constexpr = 1, PDL: tl.constexpr = False):
     """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
-    the kernel before this one finishes (no kernel writes a weight). X_OP: the product's input
+    the kernel before this one finishes (no kernel writes a weight). LOOP_STAGES > 1: the later
+    tiles' loads are software-pipelined (Triton's cp.async into shared memory, LOOP_STAGES - 1
+    tiles ahead; the same sums in the same order): several tiles a program in flight at once. X_OP: the product's input
     is an operation on x done in this launch (`skinny_fusions.skinny_x_tile`: silu_and_mul of [gate | up]
     rows of 2K values, a sigmoid gate, a per-head gated RMSNorm, a residual add and RMSNorm), with
     the bits of the separate launch it replaces (the norms: its casts). X_ADD_NORM reads whole rows
@@ -83,7 +87,7 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                         X_PROD_DTYPE, rstd, NORM_MODE)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
     w_ptrs += BLOCK_K
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=LOOP_STAGES):
         if EVEN_K:
             if EVEN_N:
                 w = tl.load(w_ptrs)
@@ -158,14 +162,39 @@ def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return y, m, n, k, False
 
 
+SKINNY_PIPELINE_ENV = "HYBRID_SERVE_SKINNY_PIPELINE"
+
+
+def skinny_pipeline() -> tuple[int, int | None]:
+    """HYBRID_SERVE_SKINNY_PIPELINE = "S" or "S,BK": the skinny kernel's K loop pipelined S stages
+    deep (1, the default: not pipelined), optionally with K tiles of BK inputs (a power of two
+    >= 16). Read at every launch (A/B runs: benchmarks/moe_decode_ab.py --ab skinny_pipeline).
+    Not the default until measured on a card: compiled for sm_90 it keeps 40 registers a thread
+    where the plain loop keeps 54, with 2-3 weight tiles a program in flight instead of one."""
+    value = os.environ.get(SKINNY_PIPELINE_ENV, "1")
+    try:
+        parts = [int(v) for v in value.split(",")]
+    except ValueError:
+        parts = []
+    stages, block_k = (parts + [None])[:2] if len(parts) in (1, 2) else (0, None)
+    if not 1 <= stages <= 8 or (block_k is not None and (block_k < 16 or block_k != next_pow2(block_k))):
+        raise ValueError(f"{SKINNY_PIPELINE_ENV} must be S or S,BK (1 <= S <= 8, BK a power of two >= 16), "
+                         f"got {value!r}")
+    return stages, block_k
+
+
 def skinny_config(m: int, k: int) -> dict:
-    """Tile and warps for M rows and K inputs (H200 sweep, `benchmarks/linear_sweep.py`): 4
-    output features per program, the widest K tile that keeps the fp32 accumulator at <= 64
-    registers a thread, 8 warps for the K-heavy projections."""
+    """Tile, warps and K-loop stages for M rows and K inputs (H200 sweep, `benchmarks/linear_sweep.py`):
+    4 output features per program, the widest K tile that keeps the fp32 accumulator at <= 64
+    registers a thread, 8 warps for the K-heavy projections; `skinny_pipeline` may pipeline the
+    K loop and narrow its tile."""
     block_m = next_pow2(max(m, 1))
     num_warps = 8 if k >= 4096 or block_m >= 4 else 4
     block_k = min(1024, next_pow2(k), max(16, 64 * 32 * num_warps // (block_m * 4)))
-    return dict(block_n=4, block_k=block_k, num_warps=num_warps)
+    stages, pipeline_k = skinny_pipeline()
+    if pipeline_k is not None:
+        block_k = min(block_k, pipeline_k)
+    return dict(block_n=4, block_k=block_k, num_warps=num_warps, loop_stages=stages)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -175,7 +204,8 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   topk_rows: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
                   decode_conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | None] | None = None,
                   x_add_norm: AddNormInput | None = None, out: torch.Tensor | None = None,
-                  block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                  block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+                  loop_stages: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default the weight's
     dtype; torch.float32 gives the unrounded sums for a tensor-parallel reduce).
@@ -203,7 +233,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     the conv's output and the slots' windows move on, the bits of kernels/causal_conv1d's
     causal_conv1d_varlen over this product (no bias). Output in the states' dtype.
     out: an [M, N] tensor in out_dtype (rows may be strided) to write and return in place of a
-    new one. block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
+    new one. block_n / block_k / num_warps / loop_stages override `skinny_config` (benchmarks)."""
     if x_silu_and_mul + (x_sigmoid_gate is not None) + (x_gated_norm is not None) + (x_add_norm is not None) > 1:
         raise ValueError("x_silu_and_mul, x_sigmoid_gate, x_gated_norm and x_add_norm are exclusive")
     y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul, out)
@@ -264,7 +294,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         gate_ptr=shared_gate if shared_gate is not None else weight,
         stride_gate=shared_gate.stride(0) if shared_gate is not None else 0,
         TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype],
-        **(conv or {}), num_warps=warps)
+        **(conv or {}), LOOP_STAGES=loop_stages or cfg["loop_stages"], num_warps=warps)
     return y
 
 

@@ -190,6 +190,37 @@ def test_skinny_linear_tiles_override_and_strided_rows():
     assert rel_err(got.float().cpu(), skinny_linear_ref(x.cpu(), w.cpu(), out_dtype=torch.float32)) < 4e-3
 
 
+def test_skinny_pipeline_setting(monkeypatch):
+    """HYBRID_SERVE_SKINNY_PIPELINE: the K loop's stages and an optional narrower K tile; bad values
+    name the variable."""
+    from hybrid_serve.kernels.linear.triton_linear import SKINNY_PIPELINE_ENV, skinny_config
+
+    monkeypatch.delenv(SKINNY_PIPELINE_ENV, raising=False)
+    assert skinny_config(1, 2048) == dict(block_n=4, block_k=1024, num_warps=4, loop_stages=1)
+    monkeypatch.setenv(SKINNY_PIPELINE_ENV, "3")
+    assert skinny_config(1, 4096) == dict(block_n=4, block_k=1024, num_warps=8, loop_stages=3)
+    monkeypatch.setenv(SKINNY_PIPELINE_ENV, "4,256")
+    assert skinny_config(1, 2048) == dict(block_n=4, block_k=256, num_warps=4, loop_stages=4)
+    assert skinny_config(1, 100)["block_k"] == 128  # never wider than K's power of two
+    for bad in ("0", "3,100", "x", "3,512,1", "9"):
+        monkeypatch.setenv(SKINNY_PIPELINE_ENV, bad)
+        with pytest.raises(ValueError, match=f"HYBRID_SERVE_SKINNY_PIPELINE must be S or S,BK .* got '{bad}'"):
+            skinny_config(1, 2048)
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_skinny_linear_pipelined_loop_gives_the_same_bits(stages):
+    """A pipelined K loop (loop_stages > 1) adds the same products in the same order: the plain
+    loop's bits, with every fused input and the decode-conv epilogue's tile sizes."""
+    x, w = _rand(1, 1030, seed=12), _rand(36, 1030, seed=13)
+    plain = skinny_linear(x, w, block_k=128, loop_stages=1)
+    assert torch.equal(skinny_linear(x, w, block_k=128, loop_stages=stages), plain)
+    gate_up = _rand(1, 2 * 256, seed=14)
+    w2 = _rand(20, 256, seed=15)
+    assert torch.equal(skinny_linear(gate_up, w2, x_silu_and_mul=True, block_k=64, loop_stages=stages),
+                       skinny_linear(gate_up, w2, x_silu_and_mul=True, block_k=64, loop_stages=1))
+
+
 def test_skinny_linear_rejects_bad_input():
     x, w = _rand(2, 32), _rand(8, 32)
     with pytest.raises(ValueError, match="at most"):
@@ -326,7 +357,11 @@ def test_skinny_linear_serving_shapes(m, n, k):
     x, w = _rand(m, k, seed=10), _rand(n, k, seed=11) * 0.02
     want = skinny_linear_ref(x, w, out_dtype=torch.float32)
     assert rel_err(skinny_linear(x, w, out_dtype=torch.float32), want) < 1e-5
-    assert rel_err(skinny_linear(x, w).float(), want) < 4e-3
+    got = skinny_linear(x, w)
+    assert rel_err(got.float(), want) < 4e-3
+    for stages, block_k in ((3, None), (4, 256)):  # the pipelined K loop (HYBRID_SERVE_SKINNY_PIPELINE): same bits
+        assert torch.equal(skinny_linear(x, w, loop_stages=stages, block_k=block_k),
+                           skinny_linear(x, w, loop_stages=1, block_k=block_k))
 
 
 @pytest.mark.parametrize("m,n,k,w_left", [(5, 70, 200, False), (5, 64, 256, True), (16, 96, 512, False),
