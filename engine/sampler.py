@@ -76,7 +76,7 @@ def warm_up_sampling(vocab: int, device: torch.device) -> None:
     ints = torch.tensor([0, 1], dtype=torch.int64, device=device)
     for masking in (False, True):
         sample_tokens(logits, floats, ints if masking else ints * 0, torch.ones(2, device=device), floats * 0,
-                      ints, ints, use_top_k_top_p=masking, use_min_p=False)
+                      ints, ints, use_top_k_top_p=masking, use_min_p=masking)
 
 
 def record_logprob(req: Request, logits_row: torch.Tensor, token: int) -> None:
