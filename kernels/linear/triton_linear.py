@@ -18,6 +18,7 @@ rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP 
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -168,19 +169,21 @@ SKINNY_PIPELINE_ENV = "HYBRID_SERVE_SKINNY_PIPELINE"
 def skinny_pipeline() -> tuple[int, int | None]:
     """HYBRID_SERVE_SKINNY_PIPELINE = "S" or "S,BK": the skinny kernel's K loop pipelined S stages
     deep (1, the default: not pipelined), optionally with K tiles of BK inputs (a power of two
-    >= 16). Read at every launch (A/B runs: benchmarks/moe_decode_ab.py --ab skinny_pipeline).
-    Not the default until measured on a card: compiled for sm_90 it keeps 40 registers a thread
-    where the plain loop keeps 54, with 2-3 weight tiles a program in flight instead of one."""
-    value = os.environ.get(SKINNY_PIPELINE_ENV, "1")
-    try:
-        parts = [int(v) for v in value.split(",")]
-    except ValueError:
-        parts = []
-    stages, block_k = (parts + [None])[:2] if len(parts) in (1, 2) else (0, None)
-    if not 1 <= stages <= 8 or (block_k is not None and (block_k < 16 or block_k != next_pow2(block_k))):
-        raise ValueError(f"{SKINNY_PIPELINE_ENV} must be S or S,BK (1 <= S <= 8, BK a power of two >= 16), "
-                         f"got {value!r}")
-    return stages, block_k
+    >= 16). Read at every launch (A/B runs: benchmarks/moe_decode_ab.py --ab skinny_pipeline),
+    parsed once per value. Not the default until measured on a card: compiled for sm_90 it keeps
+    40 registers a thread where the plain loop keeps 54, with 2-3 weight tiles a program in flight."""
+    return _parse_skinny_pipeline(os.environ.get(SKINNY_PIPELINE_ENV, "1"))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_skinny_pipeline(value: str) -> tuple[int, int | None]:
+    parts = value.split(",")
+    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+        stages = int(parts[0])
+        block_k = int(parts[1]) if len(parts) == 2 else None
+        if 1 <= stages <= 8 and (block_k is None or (block_k >= 16 and block_k == next_pow2(block_k))):
+            return stages, block_k
+    raise ValueError(f"{SKINNY_PIPELINE_ENV} must be S or S,BK (1 <= S <= 8, BK a power of two >= 16), got {value!r}")
 
 
 def skinny_config(m: int, k: int) -> dict:

@@ -58,9 +58,8 @@ def _with_vocab(model_dir: str, out_dir: str, vocab: int) -> str:
     (cfg["text_config"] if "vocab_size" in cfg.get("text_config", {}) else cfg)["vocab_size"] = vocab
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f)
-    for name in ("generation_config.json",):
-        if os.path.exists(os.path.join(model_dir, name)):
-            shutil.copy(os.path.join(model_dir, name), out_dir)
+    if os.path.exists(os.path.join(model_dir, "generation_config.json")):
+        shutil.copy(os.path.join(model_dir, "generation_config.json"), out_dir)
     return out_dir
 
 
