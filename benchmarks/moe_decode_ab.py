@@ -8,6 +8,7 @@ experts, top-10), dummy bf16 weights, one GPU.
     python benchmarks/moe_decode_ab.py --ab pdl --repeats 2   # one-row tiles, HYBRID_SERVE_PDL 0 / 1
     python benchmarks/moe_decode_ab.py --ab add_norm          # HYBRID_SERVE_FUSE_ADD_NORM default / 0
     python benchmarks/moe_decode_ab.py --ab skinny_pipeline   # HYBRID_SERVE_SKINNY_PIPELINE 1 / 3 / 3,512 / 4,256
+    python benchmarks/moe_decode_ab.py --ab skinny_prefetch   # HYBRID_SERVE_SKINNY_PREFETCH 1 / 2 / 4 / 4,4096
 
 `--ab pdl` compares programmatic dependent launch off and on (kernels/_launch.py), both with
 one-row tiles, in alternating processes' engines (off, on, off, on, ...); the table gives each
@@ -60,6 +61,8 @@ AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
                        ("attn_mlp_moe", {"HYBRID_SERVE_FUSE_ADD_NORM": "attention,mlp,moe"})),
     "skinny_pipeline": tuple((label, {"HYBRID_SERVE_SKINNY_PIPELINE": value}) for label, value in
                              (("s1", "1"), ("s3", "3"), ("s3_bk512", "3,512"), ("s4_bk256", "4,256"))),
+    "skinny_prefetch": tuple((label, {"HYBRID_SERVE_SKINNY_PREFETCH": value}) for label, value in
+                             (("t1", "1"), ("t2", "2"), ("t4", "4"), ("t4_p4096", "4,4096"))),
     "none": (("default", {}),),  # one engine per repeat with every setting at its default (tree A/B runs)
 }
 
