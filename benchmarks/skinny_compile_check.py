@@ -200,7 +200,14 @@ def main() -> None:
     for item in args.settings.split(";"):
         pipeline, prefetch = item.split("/")
         settings[item] = {"HYBRID_SERVE_SKINNY_PIPELINE": pipeline, "HYBRID_SERVE_SKINNY_PREFETCH": prefetch}
-    result = {"arch": args.arch, "settings": settings, "models": {}}
+    import datetime
+
+    import triton
+    from provenance import cpu_device, git_commit
+
+    result = {"metric": "skinny_compile_check", "date": datetime.date.today().isoformat(), "commit": git_commit(),
+              "device": f"{cpu_device()} (compiled for sm_{args.arch}, no GPU)", "triton": triton.__version__,
+              "arch": args.arch, "settings": settings, "models": {}}
     for model in args.models.split(","):
         launches = capture(model, settings)
         rows = []
