@@ -32,7 +32,8 @@ CAPTURE = r"""
 import json, os, sys
 import torch
 torch.set_num_threads(2)
-from hybrid_serve.kernels.linear import triton_linear as tlin
+sys.path.insert(0, sys.argv[3])
+from skinny_compile_check import record_launch
 import hybrid_serve.kernels.linear as klinear
 from hybrid_serve.mem_cache import KVPool, RequestRowTable, StatePool, StateSpec
 from hybrid_serve.models import load_model
@@ -61,38 +62,53 @@ with torch.no_grad():
     hidden = model(torch.tensor([7]), fb.positions, fb)
     model.compute_logits(hidden[fb.logits_indices])
 klinear.skinny_linear = real_skinny
-
-def describe(v):
-    if torch.is_tensor(v):
-        return ["tensor", str(v.dtype).replace("torch.", "")]
-    if v is None or isinstance(v, (bool, int, float, str)):
-        return ["value", v]
-    return ["value", repr(v)]  # tl dtypes
-
 launches = {}
-real_kernel = tlin._skinny_linear_kernel
-class Record:
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            rec["grid"] = grid[0] if isinstance(grid, tuple) else grid
-            rec["args"] = [describe(a) for a in args]
-            rec["kwargs"] = {k: describe(v) for k, v in kwargs.items()}
-        return launch
 for name, env in settings.items():
     os.environ.update(env)
-    tlin._skinny_linear_kernel = Record()
-    out = []
-    for args, kwargs in calls:
-        rec = {}
-        # a replay that only records its launch: no in-place epilogue runs, so inputs stay as captured
-        real_skinny(*args, **kwargs)
-        op = [k for k, v in kwargs.items() if k.startswith(("x_", "topk", "decode")) and v is not None and v is not False]
-        rec["call"] = f"{args[1].shape[0]}x{args[1].shape[1]}" + ("+" + "+".join(op) if op else "")
-        out.append(rec)
-    launches[name] = out
-tlin._skinny_linear_kernel = real_kernel
+    launches[name] = [record_launch(args, kwargs) for args, kwargs in calls]
 print("LAUNCHES " + json.dumps(launches))
 """
+
+
+def describe(value) -> list:
+    """A launch argument as JSON: ["tensor", dtype] or ["value", the value (a Triton dtype by name)]."""
+    import torch
+
+    if torch.is_tensor(value):
+        return ["tensor", str(value.dtype).replace("torch.", "")]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ["value", value]
+    return ["value", repr(value)]
+
+
+def record_launch(args: tuple, kwargs: dict) -> dict:
+    """`skinny_linear(*args, **kwargs)` with its kernel launch recorded instead of run: {"call":
+    "NxK+fused inputs", "grid": programs, "args": [...], "kwargs": {...}}. Nothing runs, so an
+    in-place epilogue leaves its inputs as they were."""
+    import torch
+
+    from hybrid_serve.kernels.linear import triton_linear
+
+    weight = args[1] if len(args) > 1 else kwargs["weight"]
+    fused = [k for k, v in kwargs.items() if k.startswith(("x_", "topk", "decode")) and v is not None and v is not False]
+    rec = {"call": f"{weight.shape[0]}x{weight.shape[1]}" + ("+" + "+".join(fused) if fused else "")}
+
+    class Record:
+        def __getitem__(self, grid):
+            def launch(*launch_args, **launch_kwargs):
+                rec.update(grid=grid[0], args=[describe(a) for a in launch_args],
+                           kwargs={k: describe(v) for k, v in launch_kwargs.items()})
+            return launch
+
+    real_kernel = triton_linear._skinny_linear_kernel
+    triton_linear._skinny_linear_kernel = Record()
+    try:
+        with torch.no_grad():
+            triton_linear.skinny_linear(*args, **kwargs)
+    finally:
+        triton_linear._skinny_linear_kernel = real_kernel
+    return rec
+
 
 SMS = 132  # H100 / H200 SXM
 DTYPES = {"bfloat16": "*bf16", "float32": "*fp32", "float16": "*fp16", "int32": "*i32", "int64": "*i64"}
@@ -112,8 +128,9 @@ def capture(model: str, settings: dict[str, dict]) -> dict:
             cfg.hybrid_override_pattern, cfg.num_hidden_layers = pattern, len(pattern)
         cfg.save_pretrained(tmp)
         env = dict(os.environ, TRITON_INTERPRET="1", HYBRID_SERVE_KERNELS="triton")
-        proc = subprocess.run([sys.executable, "-c", CAPTURE, tmp, json.dumps(settings)], capture_output=True,
-                              text=True, env=env, timeout=3600)
+        proc = subprocess.run([sys.executable, "-c", CAPTURE, tmp, json.dumps(settings),
+                               os.path.dirname(os.path.abspath(__file__))],
+                              capture_output=True, text=True, env=env, timeout=3600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LAUNCHES ")), None)
     if line is None:
         raise RuntimeError(f"capture failed for {model}:\n{proc.stderr[-3000:]}")
