@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .base import HybridForCausalLM
 from .layer_ids import ATTENTION, STATE, LayerIdMap
@@ -20,7 +19,7 @@ from .layers import (
     VocabParallelEmbedding, rope_parameters,
 )
 from .layers.attention import AttentionHeads
-from .layers.linear import KVParallelLinear
+from .layers.linear import KVParallelLinear, LinearGroup
 from .layers.short_conv import ShortConv
 from .forward_batch import ForwardBatch
 
@@ -43,7 +42,8 @@ def lfm2_intermediate_size(hf_config) -> int:
 
 
 class Lfm2Attention(nn.Module):
-    """GQA attention, q/k RMSNorm per head (before rotary), full rotary; heads split across ranks."""
+    """GQA attention, q/k RMSNorm per head (before rotary), full rotary; heads split across ranks;
+    q/k/v in one GEMM after loading (column slices of its output, as Qwen3.5's attention)."""
 
     def __init__(self, hf_config, attn_layer_id: int) -> None:
         super().__init__()
@@ -60,29 +60,41 @@ class Lfm2Attention(nn.Module):
         theta, _, _ = rope_parameters(hf_config)  # transformers' LFM2 rotates all of head_dim
         self.rotary = RotaryEmbedding(self.head_dim, self.head_dim, theta)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
+        self.qkv = LinearGroup([self.q_proj, self.k_proj, self.v_proj])  # one GEMM after loading
+
+    def post_load(self) -> None:
+        self.qkv.fuse()
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """hidden: [T, H] (normed) -> [T, H]; writes this step's K/V into the KV pool."""
         num_tokens = hidden.shape[0]
-        q = self.q_layernorm(self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
-        k = self.k_layernorm(self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        q, k, v = self.qkv(hidden)  # column slices of one output
+        q = self.q_layernorm(q.reshape(num_tokens, self.num_heads, self.head_dim))  # [T, Hq, D]
+        k = self.k_layernorm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q, k = self.rotary(positions, q, k)
         out = self.attn(q, k, v, fb).reshape(num_tokens, -1)  # [T, Hq*D]
         return self.out_proj(out)
 
 
 class Lfm2MLP(nn.Module):
-    """w2(silu(w1 x) * w3 x); w1/w3 column-parallel, w2 row-parallel."""
+    """w2(silu(w1 x) * w3 x); w1/w3 column-parallel, w2 row-parallel. After loading, w1 and w3 run
+    as one GEMM ([w1 | w3], this rank's rows of each) and the SwiGLU activation runs in w2's
+    launch (`x_silu_and_mul`: one skinny launch at a decode row), as layers/mlp.py's GatedMLP;
+    the parameters keep transformers' names."""
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.w1 = ColumnParallelLinear(hidden_size, intermediate_size)
         self.w3 = ColumnParallelLinear(hidden_size, intermediate_size)
         self.w2 = RowParallelLinear(intermediate_size, hidden_size)
+        self.w1_w3 = LinearGroup([self.w1, self.w3])
+
+    def post_load(self) -> None:
+        self.w1_w3.fuse()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(self.w1_w3.concatenated(x), x_silu_and_mul=True)
 
 
 class Lfm2DecoderLayer(nn.Module):
