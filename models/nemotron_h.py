@@ -18,7 +18,7 @@ from .layers import (
 )
 from .layers import ops
 from .layers.attention import AttentionHeads
-from .layers.linear import KVParallelLinear, attach_segmented_loader, segmented_shard
+from .layers.linear import KVParallelLinear, LinearGroup, attach_segmented_loader, segmented_shard
 from .layers.mamba2 import Mamba2Mixer
 from ..distributed import all_reduce, divide, partial_sum_dtype, tp_rank, tp_size
 from .forward_batch import ForwardBatch
@@ -65,12 +65,17 @@ class NemotronHAttention(nn.Module):
         self.v_proj = KVParallelLinear(h, total_kv, self.head_dim)
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, h)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, attn_layer_id)
+        self.qkv = LinearGroup([self.q_proj, self.k_proj, self.v_proj])  # one GEMM after loading
+
+    def post_load(self) -> None:
+        self.qkv.fuse()
 
     def forward(self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(hidden).view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv(hidden)  # column slices of one output
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         return self.o_proj(self.attn(q, k, v, fb).reshape(num_tokens, -1))
 
 
