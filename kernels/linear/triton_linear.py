@@ -18,8 +18,6 @@ rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP 
 """
 from __future__ import annotations
 
-import functools
-import os
 
 import torch
 import triton
@@ -29,6 +27,7 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
+from .skinny_config import SKINNY_PREFETCH_MAX_TILES, skinny_config, skinny_pre_tiles
 from .skinny_fusions import (
     X_ADD_NORM, X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, AddNormInput, add_norm_args, add_norm_rstd,
     conv_decode_epilogue, decode_conv_args, skinny_x_from_loads, skinny_x_loads, skinny_x_tile, x_gate_args,
@@ -211,79 +210,6 @@ def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if k == 0:
         return (y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))), m, n, k, True
     return y, m, n, k, False
-
-
-SKINNY_PIPELINE_ENV = "HYBRID_SERVE_SKINNY_PIPELINE"
-
-
-def skinny_pipeline() -> tuple[int, int | None]:
-    """HYBRID_SERVE_SKINNY_PIPELINE = "S" or "S,BK": the skinny kernel's K loop pipelined S stages
-    deep (1, the default: not pipelined), optionally with K tiles of BK inputs (a power of two
-    >= 16). Read at every launch (A/B runs: benchmarks/moe_decode_ab.py --ab skinny_pipeline),
-    parsed once per value. Not the default until measured on a card: compiled for sm_90 it keeps
-    40 registers a thread where the plain loop keeps 54, with 2-3 weight tiles a program in flight."""
-    return _parse_skinny_pipeline(os.environ.get(SKINNY_PIPELINE_ENV, "1"))
-
-
-@functools.lru_cache(maxsize=8)
-def _parse_skinny_pipeline(value: str) -> tuple[int, int | None]:
-    parts = value.split(",")
-    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
-        stages = int(parts[0])
-        block_k = int(parts[1]) if len(parts) == 2 else None
-        if 1 <= stages <= 8 and (block_k is None or (block_k >= 16 and block_k == next_pow2(block_k))):
-            return stages, block_k
-    raise ValueError(f"{SKINNY_PIPELINE_ENV} must be S or S,BK (1 <= S <= 8, BK a power of two >= 16), got {value!r}")
-
-
-SKINNY_PREFETCH_ENV = "HYBRID_SERVE_SKINNY_PREFETCH"
-SKINNY_PREFETCH_MAX_TILES = 4  # the kernel's PRE_TILES: 1 to 4
-SKINNY_PREFETCH_PROGRAMS = 1024  # default P of "T,P"
-
-
-def skinny_prefetch() -> tuple[int, int]:
-    """HYBRID_SERVE_SKINNY_PREFETCH = "T" or "T,P": launches of at most P programs (default
-    1024) load up to T K tiles of their weight (1 <= T <= 4) before `pdl_enter`, and read
-    those tiles' activations before any arithmetic; others, and T = 1 (the default), the first
-    tile only. Read at every launch (A/B runs: benchmarks/moe_decode_ab.py --ab skinny_prefetch),
-    parsed once per value. Not the default until measured on a card: the aim is the small
-    projections that follow a latency-bound kernel (GDN recurrence, attention: the out projection
-    streams its 16.8 MB while they run), at the price of registers (out_proj with the gated norm,
-    T = 4: 78 a thread instead of 48 on sm_90, 3 programs an SM instead of 5)."""
-    return _parse_skinny_prefetch(os.environ.get(SKINNY_PREFETCH_ENV, "1"))
-
-
-@functools.lru_cache(maxsize=8)
-def _parse_skinny_prefetch(value: str) -> tuple[int, int]:
-    parts = value.split(",")
-    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
-        tiles = int(parts[0])
-        programs = int(parts[1]) if len(parts) == 2 else SKINNY_PREFETCH_PROGRAMS
-        if 1 <= tiles <= SKINNY_PREFETCH_MAX_TILES and programs >= 1:
-            return tiles, programs
-    raise ValueError(f"{SKINNY_PREFETCH_ENV} must be T or T,P (1 <= T <= {SKINNY_PREFETCH_MAX_TILES}, P >= 1), "
-                     f"got {value!r}")
-
-
-def skinny_pre_tiles(num_programs: int, k: int, block_k: int) -> int:
-    """K tiles a skinny launch of num_programs programs over K inputs loads before `pdl_enter`
-    (`skinny_prefetch`; never more tiles than K has)."""
-    tiles, max_programs = skinny_prefetch()
-    return min(tiles, triton.cdiv(k, block_k)) if num_programs <= max_programs else 1
-
-
-def skinny_config(m: int, k: int) -> dict:
-    """Tile, warps and K-loop stages for M rows and K inputs (H200 sweep, `benchmarks/linear_sweep.py`):
-    4 output features per program, the widest K tile that keeps the fp32 accumulator at <= 64
-    registers a thread, 8 warps for the K-heavy projections; `skinny_pipeline` may pipeline the
-    K loop and narrow its tile."""
-    block_m = next_pow2(max(m, 1))
-    num_warps = 8 if k >= 4096 or block_m >= 4 else 4
-    block_k = min(1024, next_pow2(k), max(16, 64 * 32 * num_warps // (block_m * 4)))
-    stages, pipeline_k = skinny_pipeline()
-    if pipeline_k is not None:
-        block_k = min(block_k, pipeline_k)
-    return dict(block_n=4, block_k=block_k, num_warps=num_warps, loop_stages=stages)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

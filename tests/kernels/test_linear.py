@@ -194,7 +194,7 @@ def test_skinny_linear_tiles_override_and_strided_rows():
 def test_skinny_pipeline_setting(monkeypatch):
     """HYBRID_SERVE_SKINNY_PIPELINE: the K loop's stages and an optional narrower K tile; bad values
     name the variable."""
-    from hybrid_serve.kernels.linear.triton_linear import SKINNY_PIPELINE_ENV, skinny_config
+    from hybrid_serve.kernels.linear.skinny_config import SKINNY_PIPELINE_ENV, skinny_config
 
     monkeypatch.delenv(SKINNY_PIPELINE_ENV, raising=False)
     assert skinny_config(1, 2048) == dict(block_n=4, block_k=1024, num_warps=4, loop_stages=1)
@@ -226,7 +226,7 @@ def test_skinny_linear_pipelined_loop_gives_the_same_bits(stages, block_k):
 def test_skinny_prefetch_setting(monkeypatch):
     """HYBRID_SERVE_SKINNY_PREFETCH: K tiles loaded before pdl_enter by launches of at most P
     programs, never more than K has; bad values name the variable."""
-    from hybrid_serve.kernels.linear.triton_linear import SKINNY_PREFETCH_ENV, skinny_pre_tiles
+    from hybrid_serve.kernels.linear.skinny_config import SKINNY_PREFETCH_ENV, skinny_pre_tiles
 
     monkeypatch.delenv(SKINNY_PREFETCH_ENV, raising=False)
     assert skinny_pre_tiles(512, 4096, 1024) == 1  # the default: the first tile only
