@@ -4,11 +4,9 @@
 # tests with PDL on, then decode steps with PDL off and on in alternating engines: the
 # Qwen3-Next 12-layer slice (batch 1 and 4, against its bytes-moved roofline) and the 2.3B
 # model, and the slice's batch-1 kernel table with PDL on. STEPS picks (`gputests`: the rest of
-# tests/gpu with PDL on; `pipeline`: the skinny kernel's pipelined K loop, its bits, per shape and
-# in the decode step against the plain loop; `prefetch`: weight tiles loaded before pdl_enter, their
-# bits and the decode step with 1 / 2 / 4 tiles); `tree` compares this
-# tree's default decode step with OLD_TREE's (e.g. `git archive REV --prefix=hybrid_serve/`
-# unpacked under .devold/, carried) in alternating processes, two each.
+# tests/gpu with PDL on); `tree` compares this tree's default decode step with OLD_TREE's (e.g.
+# `git archive REV --prefix=hybrid_serve/` unpacked under .devold/, carried) in alternating
+# processes, two each.
 # Usage (device machine, repo root): bash benchmarks/device_pdl.sh  [writes to $OUT]
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
@@ -51,21 +49,6 @@ for step in $STEPS; do
             --baseline none --json "$OUT/llmgen_$t$r.json" 2>&1 | grep -v "^\[" | tail -1 | sed "s/^/$t$r: /"
         done
       done 2>&1 | tee "$OUT/llmgen_ab.log" ;;
-    pipeline)  # the skinny kernel's pipelined K loop (HYBRID_SERVE_SKINNY_PIPELINE): bits, per shape, in the step
-      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py 2>&1 | tail -2
-      for v in 1 3 3,512 4,256; do echo "== HYBRID_SERVE_SKINNY_PIPELINE=$v"; HYBRID_SERVE_SKINNY_PIPELINE=$v \
-        HYBRID_SERVE_PDL=0 timeout 60 python3 benchmarks/l2_prefetch_bench.py --variants none,warm 2>&1 | tail -3; done \
-        | tee "$OUT/pipeline_linear.log"
-      timeout 330 python3 benchmarks/moe_decode_ab.py --ab skinny_pipeline --batches 1,4 2>&1 \
-        | tee "$OUT/pipeline_ab_next.log" | grep -v "^\[" | tail -4
-      timeout 200 python3 benchmarks/moe_decode_ab.py --ab skinny_pipeline --model qwen3_5_2p3b --batches 1 2>&1 \
-        | tee "$OUT/pipeline_ab_2p3b.log" | grep -v "^\[" | tail -3 ;;
-    prefetch)  # weight tiles before pdl_enter (HYBRID_SERVE_SKINNY_PREFETCH): bits on the card, in the step
-      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_linear.py -k "prefetch or serving" 2>&1 | tail -2
-      timeout 330 python3 benchmarks/moe_decode_ab.py --ab skinny_prefetch --batches 1,4 2>&1 \
-        | tee "$OUT/prefetch_ab_next.log" | grep -v "^\[" | tail -4
-      timeout 200 python3 benchmarks/moe_decode_ab.py --ab skinny_prefetch --model qwen3_5_2p3b --batches 1 2>&1 \
-        | tee "$OUT/prefetch_ab_2p3b.log" | grep -v "^\[" | tail -3 ;;
     profile)
       for pdl in ${PROFILE_PDL:-1}; do
         HYBRID_SERVE_PDL=$pdl timeout 200 python3 benchmarks/moe_profile_bs1.py --top ${PROFILE_TOP:-20} 2>&1 | tee "$OUT/pdl_profile$pdl.log" | tail -$((${PROFILE_TOP:-20} + 10))

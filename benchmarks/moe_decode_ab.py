@@ -7,8 +7,6 @@ experts, top-10), dummy bf16 weights, one GPU.
     python benchmarks/moe_decode_ab.py [--model qwen3_next_80b_12l] [--batches 1,4,16] [--profile]
     python benchmarks/moe_decode_ab.py --ab pdl --repeats 2   # one-row tiles, HYBRID_SERVE_PDL 0 / 1
     python benchmarks/moe_decode_ab.py --ab add_norm          # HYBRID_SERVE_FUSE_ADD_NORM default / 0
-    python benchmarks/moe_decode_ab.py --ab skinny_pipeline   # HYBRID_SERVE_SKINNY_PIPELINE 1 / 3 / 3,512 / 4,256
-    python benchmarks/moe_decode_ab.py --ab skinny_prefetch   # HYBRID_SERVE_SKINNY_PREFETCH 1 / 2 / 4 / 4,4096
 
 `--ab pdl` compares programmatic dependent launch off and on (kernels/_launch.py), both with
 one-row tiles, in alternating processes' engines (off, on, off, on, ...); the table gives each
@@ -59,10 +57,6 @@ AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
     "add_norm_kinds": (("all", {"HYBRID_SERVE_FUSE_ADD_NORM": "1"}), ("none", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"}),
                        ("gdn", {"HYBRID_SERVE_FUSE_ADD_NORM": "gdn"}),
                        ("attn_mlp_moe", {"HYBRID_SERVE_FUSE_ADD_NORM": "attention,mlp,moe"})),
-    "skinny_pipeline": tuple((label, {"HYBRID_SERVE_SKINNY_PIPELINE": value}) for label, value in
-                             (("s1", "1"), ("s3", "3"), ("s3_bk512", "3,512"), ("s4_bk256", "4,256"))),
-    "skinny_prefetch": tuple((label, {"HYBRID_SERVE_SKINNY_PREFETCH": value}) for label, value in
-                             (("t1", "1"), ("t2", "2"), ("t4", "4"), ("t4_p4096", "4,4096"))),
     "none": (("default", {}),),  # one engine per repeat with every setting at its default (tree A/B runs)
 }
 

@@ -1,13 +1,14 @@
 """Every skinny-linear launch a model's decode row makes, compiled for a GPU on a CPU-only machine
-(issue 12): which variants of `kernels/linear`'s `_skinny_linear_kernel` a setting of
-HYBRID_SERVE_SKINNY_PIPELINE / HYBRID_SERVE_SKINNY_PREFETCH makes the engine launch, whether
-they compile, and what ptxas gives them (registers a thread, spills, shared memory, programs an
-SM, weight loads issued before the PDL wait), before any device time is spent on them.
+(issue 12): which variants of `kernels/linear`'s `_skinny_linear_kernel` the engine launches
+(under its defaults, or a setting of environment variables read at launch), whether they
+compile, and what ptxas gives them (registers a thread, spills, shared memory, programs an SM,
+weight loads issued before the PDL wait), before any device time is spent on them.
 
     python benchmarks/skinny_compile_check.py [--models qwen3_next_80b_12l,qwen3_5_2p3b]
-        [--settings "1/1;3/1;1/4"] [--arch 90] [--json OUT.json]
+        [--settings "default;NAME=VALUE NAME2=VALUE2"] [--arch 90] [--json OUT.json]
 
-A setting is PIPELINE/PREFETCH (the two variables' values, e.g. "3,512/4,4096"). How: the
+Session 46 used it for the two experiment variables of the skinny kernel (a pipelined K loop,
+weight tiles before the PDL wait) before session 47 measured and removed them. How: the
 model's config (benchmarks/model_configs.py) with one layer of each kind, every other size
 real; dummy bf16 weights; one decode token through the Triton path under Triton's interpreter, in a
 subprocess, recording each `skinny_linear` call; those calls replayed under every setting with
@@ -64,6 +65,8 @@ with torch.no_grad():
 klinear.skinny_linear = real_skinny
 launches = {}
 for name, env in settings.items():
+    for key in {k for e in settings.values() for k in e}:
+        os.environ.pop(key, None)  # the other settings' variables: back to their defaults
     os.environ.update(env)
     launches[name] = [record_launch(args, kwargs) for args, kwargs in calls]
 print("LAUNCHES " + json.dumps(launches))
@@ -208,15 +211,18 @@ def compile_launch(rec: dict, arch: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="qwen3_next_80b_12l,qwen3_5_2p3b")
-    ap.add_argument("--settings", default="1/1;3/1;3,512/1;1/2;1/4",
-                    help="PIPELINE/PREFETCH values, ';' between settings")
+    ap.add_argument("--settings", default="default",
+                    help="'default' or NAME=VALUE pairs (space-separated) of variables read at launch, ';' between "
+                         "settings")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--json")
     args = ap.parse_args()
     settings = {}
     for item in args.settings.split(";"):
-        pipeline, prefetch = item.split("/")
-        settings[item] = {"HYBRID_SERVE_SKINNY_PIPELINE": pipeline, "HYBRID_SERVE_SKINNY_PREFETCH": prefetch}
+        pairs = [] if item.strip() == "default" else item.split()
+        if not all("=" in pair for pair in pairs):
+            raise SystemExit(f"--settings: {item!r} is not 'default' or NAME=VALUE pairs")
+        settings[item] = dict(pair.split("=", 1) for pair in pairs)
     import datetime
 
     import triton
@@ -237,7 +243,7 @@ def main() -> None:
                 got = compile_launch(launches[s][i], args.arch)
                 row["settings"][s] = got
                 kw = launches[s][i]["kwargs"]
-                tiles = f"BK{kw['BLOCK_K'][1]} S{kw.get('LOOP_STAGES', ['', 1])[1]} T{kw.get('PRE_TILES', ['', 1])[1]}"
+                tiles = f"BK{kw['BLOCK_K'][1]} W{kw['num_warps'][1]}"
                 cells.append("ERROR" if "error" in got else
                              f"{tiles} {got['regs']}r {got['programs_per_sm']}/SM{'!' if got['spill_bytes'] else ''}")
             rows.append(row)

@@ -75,65 +75,35 @@ def skinny_x_tile(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, nw_ptr, eps, of
                       the sublayer output x, with each row's rstd from `add_norm_rstd` (kernels/
                       norm's add_rms_norm: its casts; its sum of squares may add in another order).
     g (X_SIGMOID_GATE, X_GATED_NORM) is read in place: input k of row m at
-    g_ptr + m * stride_gm + (k // HEAD_D) * stride_gh + k % HEAD_D (a slice of a wider projection).
-    `skinny_x_loads` then `skinny_x_from_loads`: the same, split where a kernel issues several
-    tiles' loads before their arithmetic."""
-    a, b = skinny_x_loads(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, offs_m, offs_k, K, mask, X_OP, HEAD_D)
-    return skinny_x_from_loads(a, b, nw_ptr, eps, offs_k, K, w_dtype, X_OP, HEAD_D, BLOCK_M, BLOCK_K, PROD_DTYPE, rstd,
-                               NORM_MODE)
-
-
-@triton.jit
-def skinny_x_loads(x_ptr, stride_xm, g_ptr, stride_gm, stride_gh, offs_m, offs_k, K, mask,
-                   X_OP: tl.constexpr, HEAD_D: tl.constexpr):
-    """`skinny_x_tile`'s loads of activations: (x or the gate rows, the up rows / g / the residual;
-    x again for X_PLAIN)."""
+    g_ptr + m * stride_gm + (k // HEAD_D) * stride_gh + k % HEAD_D (a slice of a wider projection)."""
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
     if X_OP == 1:
-        a = tl.load(x_ptrs, mask=mask, other=0.0)
-        b = tl.load(x_ptrs + K, mask=mask, other=0.0)
-    elif X_OP == 2 or X_OP == 3:
-        a = tl.load(x_ptrs, mask=mask, other=0.0)
-        g_ptrs = g_ptr + offs_m[:, None] * stride_gm + ((offs_k // HEAD_D) * stride_gh + offs_k % HEAD_D)[None, :]
-        b = tl.load(g_ptrs, mask=mask, other=0.0)
-    elif X_OP == 4:
-        a = tl.load(x_ptrs, mask=mask, other=0.0)
-        b = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_k[None, :], mask=mask, other=0.0)
-    else:
-        a = tl.load(x_ptrs, mask=mask, other=0.0)
-        b = a
-    return a, b
-
-
-@triton.jit
-def skinny_x_from_loads(a, b, nw_ptr, eps, offs_k, K, w_dtype: tl.constexpr, X_OP: tl.constexpr,
-                        HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PROD_DTYPE: tl.constexpr, rstd=None, NORM_MODE: tl.constexpr = 0):
-    """`skinny_x_tile`'s arithmetic on what `skinny_x_loads` read (and the norm weight's load: a
-    weight, no kernel writes it)."""
-    if X_OP == 1:
-        gate = a.to(w_dtype).to(tl.float32)
-        up = b.to(w_dtype).to(tl.float32)
+        gate = tl.load(x_ptrs, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
+        up = tl.load(x_ptrs + K, mask=mask, other=0.0).to(w_dtype).to(tl.float32)
         xv = (gate / (1.0 + tl.exp(-gate)) * up).to(w_dtype)
     elif X_OP == 2 or X_OP == 3:
-        xf = a.to(tl.float32)
+        xf = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        g_ptrs = g_ptr + offs_m[:, None] * stride_gm + ((offs_k // HEAD_D) * stride_gh + offs_k % HEAD_D)[None, :]
+        g = tl.load(g_ptrs, mask=mask, other=0.0)
         if X_OP == 2:
-            sig = (1.0 / (1.0 + tl.exp(-b.to(tl.float32)))).to(b.dtype).to(tl.float32)
+            sig = (1.0 / (1.0 + tl.exp(-g.to(tl.float32)))).to(g.dtype).to(tl.float32)
             xv = (xf * sig).to(w_dtype)
         else:
             x3 = tl.reshape(xf, (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
             n = x3 * tl.rsqrt(tl.sum(x3 * x3, axis=2) / HEAD_D + eps)[:, :, None]
             nw = tl.load(nw_ptr + tl.arange(0, HEAD_D)).to(tl.float32)
-            g3 = tl.reshape(b.to(tl.float32), (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
+            g3 = tl.reshape(g.to(tl.float32), (BLOCK_M, BLOCK_K // HEAD_D, HEAD_D))
             y = (nw[None, None, :] * n.to(w_dtype).to(tl.float32)).to(PROD_DTYPE).to(tl.float32) \
                 * (g3 / (1.0 + tl.exp(-g3)))
             xv = tl.reshape(y.to(w_dtype), (BLOCK_M, BLOCK_K))
     elif X_OP == 4:
-        s = (b.to(tl.float32) + a.to(tl.float32)).to(a.dtype).to(tl.float32)
+        xr = tl.load(x_ptrs, mask=mask, other=0.0)
+        r = tl.load(g_ptr + offs_m[:, None] * stride_gm + offs_k[None, :], mask=mask, other=0.0)
+        s = (r.to(tl.float32) + xr.to(tl.float32)).to(xr.dtype).to(tl.float32)
         nw = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)[None, :]
-        xv = add_norm_values(s, rstd[:, None], nw, NORM_MODE, a.dtype).to(w_dtype)
+        xv = add_norm_values(s, rstd[:, None], nw, NORM_MODE, xr.dtype).to(w_dtype)
     else:
-        xv = a
+        xv = tl.load(x_ptrs, mask=mask, other=0.0)
     return xv
 
 

@@ -18,7 +18,6 @@ rounded once to the output dtype (fp32 output keeps the unrounded sums for a TP 
 """
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
@@ -27,37 +26,14 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
-from .skinny_config import SKINNY_PREFETCH_MAX_TILES, skinny_config, skinny_pre_tiles
+from .skinny_config import skinny_config
 from .skinny_fusions import (
     X_ADD_NORM, X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, AddNormInput, add_norm_args, add_norm_rstd,
-    conv_decode_epilogue, decode_conv_args, skinny_x_from_loads, skinny_x_loads, skinny_x_tile, x_gate_args,
+    conv_decode_epilogue, decode_conv_args, skinny_x_tile, x_gate_args,
 )
 
 SKINNY_MAX_ROWS = 8  # most rows of x this kernel takes (models use it at one row: models/layers/ops.py)
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-@triton.jit
-def _skinny_w_tile(w_ptrs, k0, offs_k, n_ok, K, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
-    """The weight's K tile at k0 ([BLOCK_N, BLOCK_K]), masked as the skinny kernel's K loop masks it."""
-    if EVEN_K:
-        if EVEN_N:
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-    else:
-        w = tl.load(w_ptrs, mask=n_ok[:, None] & ((k0 + offs_k) < K)[None, :], other=0.0)
-    return w
-
-
-@triton.jit
-def _skinny_x_mask(k0, offs_k, m_ok, K, EVEN_K: tl.constexpr):
-    """The mask of x's K tile at k0 in the skinny kernel's K loop."""
-    if EVEN_K:
-        x_mask = m_ok[:, None]
-    else:
-        x_mask = m_ok[:, None] & ((k0 + offs_k) < K)[None, :]
-    return x_mask
 
 
 @triton.jit
@@ -73,12 +49,9 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
                           stride_cw=0, conv_states_ptr=None, state_slots_ptr=None, conv_num_slots=0,
                           conv_channels=0, stride_cs_n=0, stride_cs_d=0, stride_cs_k=0,
                           sum_ptr=None, normed_ptr=None, NORM_MODE: tl.constexpr = 0, X_KP: tl.constexpr = 1,
-                          LOOP_STAGES: tl.constexpr = 1, PRE_TILES: tl.constexpr = 1, PDL: tl.constexpr = False):
-    """The first PRE_TILES K tiles of the weight (1 by default) are loaded before `pdl_enter`:
-    under PDL they stream while the kernel before this one finishes (no kernel writes a weight),
-    and are added in the loop's order after it (the same sums). LOOP_STAGES > 1: the later
-    tiles' loads are software-pipelined (Triton's cp.async into shared memory, LOOP_STAGES - 1
-    tiles ahead; the same sums in the same order): several tiles a program in flight at once. X_OP: the product's input
+                          PDL: tl.constexpr = False):
+    """The first K tile of the weight is loaded before `pdl_enter`: under PDL it streams while
+    the kernel before this one finishes (no kernel writes a weight). X_OP: the product's input
     is an operation on x done in this launch (`skinny_fusions.skinny_x_tile`: silu_and_mul of [gate | up]
     rows of 2K values, a sigmoid gate, a per-head gated RMSNorm, a residual add and RMSNorm), with
     the bits of the separate launch it replaces (the norms: its casts). X_ADD_NORM reads whole rows
@@ -100,56 +73,30 @@ def _skinny_linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride
         w = tl.load(w_ptrs)
     else:
         w = tl.load(w_ptrs, mask=n_ok[:, None] & (offs_k < K)[None, :], other=0.0)
-    if PRE_TILES >= 2:
-        w1 = _skinny_w_tile(w_ptrs + BLOCK_K, BLOCK_K, offs_k, n_ok, K, EVEN_K, EVEN_N)
-    if PRE_TILES >= 3:
-        w2 = _skinny_w_tile(w_ptrs + 2 * BLOCK_K, 2 * BLOCK_K, offs_k, n_ok, K, EVEN_K, EVEN_N)
-    if PRE_TILES >= 4:
-        w3 = _skinny_w_tile(w_ptrs + 3 * BLOCK_K, 3 * BLOCK_K, offs_k, n_ok, K, EVEN_K, EVEN_N)
     pdl_enter(PDL)
-    if PRE_TILES >= 2:  # the pre-loaded tiles' activations, all read before any arithmetic
-        xa, xb = skinny_x_loads(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, offs_m, offs_k, K,
-                                m_ok[:, None] & (offs_k < K)[None, :], X_OP, X_HEAD_D)
-        xa1, xb1 = skinny_x_loads(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, offs_m, BLOCK_K + offs_k, K,
-                                  _skinny_x_mask(BLOCK_K, offs_k, m_ok, K, EVEN_K), X_OP, X_HEAD_D)
-    if PRE_TILES >= 3:
-        xa2, xb2 = skinny_x_loads(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, offs_m, 2 * BLOCK_K + offs_k, K,
-                                  _skinny_x_mask(2 * BLOCK_K, offs_k, m_ok, K, EVEN_K), X_OP, X_HEAD_D)
-    if PRE_TILES >= 4:
-        xa3, xb3 = skinny_x_loads(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, offs_m, 3 * BLOCK_K + offs_k, K,
-                                  _skinny_x_mask(3 * BLOCK_K, offs_k, m_ok, K, EVEN_K), X_OP, X_HEAD_D)
     if X_OP == 4:
         rstd = add_norm_rstd(x_ptr, stride_xm, xg_ptr, stride_xgm, xnw_ptr, x_eps, offs_m, m_ok, K, sum_ptr,
                              normed_ptr, NORM_MODE, X_KP)
     else:
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    if PRE_TILES >= 2:
-        xv = skinny_x_from_loads(xa, xb, xnw_ptr, x_eps, offs_k, K, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
-                                 X_PROD_DTYPE, rstd, NORM_MODE)
-    else:
-        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
-                           m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
-                           X_PROD_DTYPE, rstd, NORM_MODE)
+    xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, offs_k, K,
+                        m_ok[:, None] & (offs_k < K)[None, :], w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
+                        X_PROD_DTYPE, rstd, NORM_MODE)
     acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
-    # the other pre-loaded tiles, in the loop's order (the same sums)
-    if PRE_TILES >= 2:
-        xv = skinny_x_from_loads(xa1, xb1, xnw_ptr, x_eps, BLOCK_K + offs_k, K, w.dtype, X_OP, X_HEAD_D, BLOCK_M,
-                                 BLOCK_K, X_PROD_DTYPE, rstd, NORM_MODE)
-        acc += w1.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
-    if PRE_TILES >= 3:
-        xv = skinny_x_from_loads(xa2, xb2, xnw_ptr, x_eps, 2 * BLOCK_K + offs_k, K, w.dtype, X_OP, X_HEAD_D, BLOCK_M,
-                                 BLOCK_K, X_PROD_DTYPE, rstd, NORM_MODE)
-        acc += w2.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
-    if PRE_TILES >= 4:
-        xv = skinny_x_from_loads(xa3, xb3, xnw_ptr, x_eps, 3 * BLOCK_K + offs_k, K, w.dtype, X_OP, X_HEAD_D, BLOCK_M,
-                                 BLOCK_K, X_PROD_DTYPE, rstd, NORM_MODE)
-        acc += w3.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
-    w_ptrs += PRE_TILES * BLOCK_K
-    for k0 in tl.range(PRE_TILES * BLOCK_K, K, BLOCK_K, num_stages=LOOP_STAGES):
-        w = _skinny_w_tile(w_ptrs, k0, offs_k, n_ok, K, EVEN_K, EVEN_N)
-        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k, K,
-                           _skinny_x_mask(k0, offs_k, m_ok, K, EVEN_K), w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K,
-                           X_PROD_DTYPE, rstd, NORM_MODE)
+    w_ptrs += BLOCK_K
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        if EVEN_K:
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            x_mask = m_ok[:, None]
+        else:
+            k_ok = (k0 + offs_k) < K
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x_mask = m_ok[:, None] & k_ok[None, :]
+        xv = skinny_x_tile(x_ptr, stride_xm, xg_ptr, stride_xgm, stride_xgh, xnw_ptr, x_eps, offs_m, k0 + offs_k,
+                            K, x_mask, w.dtype, X_OP, X_HEAD_D, BLOCK_M, BLOCK_K, X_PROD_DTYPE, rstd, NORM_MODE)
         acc += w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, axis=2)  # [BM, BN]
@@ -219,8 +166,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   topk_rows: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None,
                   decode_conv: tuple[torch.Tensor, torch.Tensor, torch.Tensor, str | None] | None = None,
                   x_add_norm: AddNormInput | None = None, out: torch.Tensor | None = None,
-                  block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-                  loop_stages: int | None = None, pre_tiles: int | None = None) -> torch.Tensor:
+                  block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """x: [M, K] with M <= SKINNY_MAX_ROWS, weight: [N, K], both bf16/fp16 with a contiguous
     last dim; bias: [N] or None. Returns x W^T (+ b): [M, N] in out_dtype (default the weight's
     dtype; torch.float32 gives the unrounded sums for a tensor-parallel reduce).
@@ -248,8 +194,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     the conv's output and the slots' windows move on, the bits of kernels/causal_conv1d's
     causal_conv1d_varlen over this product (no bias). Output in the states' dtype.
     out: an [M, N] tensor in out_dtype (rows may be strided) to write and return in place of a
-    new one. block_n / block_k / num_warps / loop_stages override `skinny_config`, pre_tiles
-    `skinny_pre_tiles` (benchmarks, tests; at most the K tiles K has)."""
+    new one. block_n / block_k / num_warps override `skinny_config` (benchmarks)."""
     if x_silu_and_mul + (x_sigmoid_gate is not None) + (x_gated_norm is not None) + (x_add_norm is not None) > 1:
         raise ValueError("x_silu_and_mul, x_sigmoid_gate, x_gated_norm and x_add_norm are exclusive")
     y, m, n, k, done = _prepare("skinny_linear", x, weight, bias, out_dtype, SKINNY_MAX_ROWS, x_silu_and_mul, out)
@@ -297,12 +242,6 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         bk = max(bk, head_d)  # whole heads in a K tile
         if bk % head_d:
             raise ValueError(f"x_gated_norm needs K tiles of whole heads: block_k {bk} for heads of {head_d}")
-    num_tiles = triton.cdiv(k, bk)
-    if pre_tiles is None:
-        pre_tiles = skinny_pre_tiles(triton.cdiv(n, bn), k, bk)
-    elif not 1 <= pre_tiles <= min(num_tiles, SKINNY_PREFETCH_MAX_TILES):
-        raise ValueError(f"pre_tiles must be in [1, {min(num_tiles, SKINNY_PREFETCH_MAX_TILES)}] for K = {k} in tiles "
-                         f"of {bk}, got {pre_tiles}")
     _skinny_linear_kernel[(triton.cdiv(n, bn),)](
         x, weight, bias if bias is not None else weight, y, m, n, k,
         x.stride(0), weight.stride(0), y.stride(0),
@@ -316,7 +255,7 @@ def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         gate_ptr=shared_gate if shared_gate is not None else weight,
         stride_gate=shared_gate.stride(0) if shared_gate is not None else 0,
         TOP_K=top_k, HAS_GATE=shared_gate is not None, GATE_DTYPE=TL_DTYPE[weight.dtype],
-        **(conv or {}), LOOP_STAGES=loop_stages or cfg["loop_stages"], PRE_TILES=pre_tiles, num_warps=warps)
+        **(conv or {}), num_warps=warps)
     return y
 
 
