@@ -6,6 +6,7 @@
 # Steps (STEPS, in order; default: all but http):
 #   gputests   the GPU tests: kernels, decode / piecewise / verify graphs, the Triton path of every
 #              family, prefix cache (fla off the path: transformers is their reference)
+#   gpukernels, gpurest  the same tests in two halves (tests/kernels; the rest), one call each
 #   bf16demo   issue 16: bf16 engine vs the fp32 Triton path on the trained demo, 64 held-out prompts,
 #              transformers' own bf16 vs fp32 beside it (bf16_agreement_trained_demo)
 #   next       Qwen3-Next 12-layer slice, batch 1 and 4, against its bytes-moved roofline
@@ -53,6 +54,9 @@ for s in ${STEPS:-gputests bf16demo next prefill prefill2 throughput loaded firs
   case $s in
     gputests) step $s ${TEST_TIMEOUT:-420} python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/kernels tests/gpu \
                 tests/engine/test_cuda_graph.py tests/models/test_triton_path.py tests/models/test_prefix_cache.py} ;;
+    gpukernels) step $s ${TEST_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider tests/kernels ;;  # gputests, half 1
+    gpurest) step $s ${TEST_TIMEOUT:-500} python3 -m pytest -q -p no:cacheprovider tests/gpu tests/engine/test_cuda_graph.py \
+                tests/models/test_triton_path.py tests/models/test_prefix_cache.py ;;  # gputests, half 2
     bf16demo) step $s 300 env OUT="$d" python3 benchmarks/bf16_agreement_trained_demo.py --fp32-triton --bf16-ref \
                 --device cuda ;;
     next) step $s 240 env OUT="$d" python3 benchmarks/moe_decode_ab.py --ab none --batches 1,4 --repeats ${REPEATS:-2} ;;
