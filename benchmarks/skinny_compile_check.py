@@ -140,17 +140,18 @@ def capture(model: str, settings: dict[str, dict]) -> dict:
     return json.loads(line[len("LAUNCHES "):])
 
 
-def compile_launch(rec: dict, arch: int) -> dict:
-    """Compile one recorded launch for sm_{arch}: ptxas's registers and spills, shared memory,
-    programs an SM, weight loads before the PDL wait (SASS)."""
+def compile_launch(rec: dict, arch: int, kernel=None) -> dict:
+    """Compile one recorded launch of `kernel` (default the skinny linear's) for sm_{arch}:
+    ptxas's registers and spills, shared memory, programs an SM, weight loads before the PDL
+    wait (SASS)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from hybrid_serve.kernels.linear.triton_linear import _skinny_linear_kernel
-
-    fn = _skinny_linear_kernel.fn if hasattr(_skinny_linear_kernel, "fn") else _skinny_linear_kernel
+    if kernel is None:
+        from hybrid_serve.kernels.linear.triton_linear import _skinny_linear_kernel as kernel
+    fn = kernel.fn if hasattr(kernel, "fn") else kernel
     names = fn.arg_names
     params = {p.name: p for p in fn.params}
     bound = dict(zip(names, rec["args"]))
