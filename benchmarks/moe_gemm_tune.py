@@ -63,15 +63,22 @@ def time_calls(x: torch.Tensor, weights: list[tuple[torch.Tensor, torch.Tensor]]
     return statistics.median(means)
 
 
-def skinny_sweep(tile_list: str) -> None:
-    """One token: the tensor-core one-row tiles, then HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny with
-    its default tiles, then each GEMM with each of `tile_list` (the other GEMM at its default)."""
+def card_and_weights() -> tuple[float, str, torch.Generator, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The copy rate measured now (printed with the card's name), a seeded generator, and COPIES
+    copies of the experts' bf16 weights (Qwen3-Next's shapes)."""
     bw = copy_bandwidth()
     device = torch.cuda.get_device_name(0)
     print(f"{device}: copy rate {bw / 1e12:.3f} TB/s", flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = [((torch.randn(E, 2 * I, H, device="cuda", generator=gen) / H ** 0.5).bfloat16(),
                 (torch.randn(E, H, I, device="cuda", generator=gen) / I ** 0.5).bfloat16()) for _ in range(COPIES)]
+    return bw, device, gen, weights
+
+
+def skinny_sweep(tile_list: str) -> None:
+    """One token: the tensor-core one-row tiles, then HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny with
+    its default tiles, then each GEMM with each of `tile_list` (the other GEMM at its default)."""
+    bw, device, gen, weights = card_and_weights()
     x = torch.randn(1, H, device="cuda", generator=gen).bfloat16()
     ids = [torch.randperm(E, device="cuda", generator=gen)[:K].view(1, K) for _ in range(CALLS)]
     floor_us = K * 3 * I * H * 2 / bw * 1e6
@@ -119,12 +126,7 @@ def main() -> None:
         skinny_sweep(args.skinny_tiles)
         return
     os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "1"
-    bw = copy_bandwidth()
-    device = torch.cuda.get_device_name(0)
-    print(f"{device}: copy rate {bw / 1e12:.3f} TB/s", flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    weights = [((torch.randn(E, 2 * I, H, device="cuda", generator=gen) / H ** 0.5).bfloat16(),
-                (torch.randn(E, H, I, device="cuda", generator=gen) / I ** 0.5).bfloat16()) for _ in range(COPIES)]
+    bw, device, gen, weights = card_and_weights()
     default = dict(triton_moe.GEMM_TILES)
     grid = list(itertools.product(*(map(int, v.split(",")) for v in (args.block_n, args.block_k, args.warps,
                                                                        args.stages))))
