@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from decode_bench import copy_bandwidth  # noqa: E402
 
-from hybrid_serve.kernels.moe import fused_moe, triton_moe  # noqa: E402
+from hybrid_serve.kernels.moe import fused_moe, skinny_experts, triton_moe  # noqa: E402
 
 E, K, H, I = 512, 10, 2048, 512
 COPIES, CALLS = 4, 48
@@ -86,7 +86,7 @@ def skinny_sweep(tile_list: str) -> None:
     os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "1"
     tensor_core = time_calls(x, weights, ids, topk_w)
     os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "skinny"
-    default_tiles = triton_moe.moe_skinny_tiles
+    default_tiles = skinny_experts.moe_skinny_tiles
     skinny = time_calls(x, weights, ids, topk_w)
     print(f"floor {floor_us:.2f} us; tensor-core one-row tiles {tensor_core:.2f} us ({floor_us / tensor_core:.1%}); "
           f"skinny, default tiles {skinny:.2f} us ({floor_us / skinny:.1%})", flush=True)
@@ -95,14 +95,18 @@ def skinny_sweep(tile_list: str) -> None:
     for gated in (True, False):
         for spec in tile_list.split(","):
             tiles = tuple(int(v) for v in spec.split("x"))
-            triton_moe.moe_skinny_tiles = lambda k_in, g, t=tiles, want=gated: t if g == want else default_tiles(k_in, g)
+
+            def swept(k_in: int, g: bool, tiles=tiles, want=gated) -> tuple[int, int, int]:
+                return tiles if g == want else default_tiles(k_in, g)
+
+            skinny_experts.moe_skinny_tiles = swept
             try:
                 us = time_calls(x, weights, ids, topk_w)
             except Exception as e:  # noqa: BLE001  (a config Triton cannot compile: out of resources)
                 print(f"  {'gate_up' if gated else 'down'} {spec}: failed {type(e).__name__}")
                 continue
             finally:
-                triton_moe.moe_skinny_tiles = default_tiles
+                skinny_experts.moe_skinny_tiles = default_tiles
             result["cases"].append({"gemm": "gate_up" if gated else "down", "tiles": tiles, "us_per_call": us})
             print(f"  {'gate_up' if gated else 'down':7} BN x BK x warps {spec}: {us:.2f} us ({skinny - us:+.2f} vs "
                   f"skinny default, {tensor_core - us:+.2f} vs tensor cores)", flush=True)

@@ -84,33 +84,44 @@ def describe(value) -> list:
     return ["value", repr(value)]
 
 
-def record_launch(args: tuple, kwargs: dict) -> dict:
-    """`skinny_linear(*args, **kwargs)` with its kernel launch recorded instead of run: {"call":
-    "NxK+fused inputs", "grid": programs, "args": [...], "kwargs": {...}}. Nothing runs, so an
-    in-place epilogue leaves its inputs as they were."""
+def record_launches(module, kernel_name: str, call) -> list[dict]:
+    """`call()` with `module.<kernel_name>` launches recorded instead of run: [{"grid": programs,
+    "args": [...], "kwargs": {...}}] in launch order. Nothing runs, so an in-place epilogue leaves
+    its inputs as they were."""
+    import math
+
     import torch
 
-    from hybrid_serve.kernels.linear import triton_linear
-
-    weight = args[1] if len(args) > 1 else kwargs["weight"]
-    fused = [k for k, v in kwargs.items() if k.startswith(("x_", "topk", "decode")) and v is not None and v is not False]
-    rec = {"call": f"{weight.shape[0]}x{weight.shape[1]}" + ("+" + "+".join(fused) if fused else "")}
+    launches = []
 
     class Record:
         def __getitem__(self, grid):
             def launch(*launch_args, **launch_kwargs):
-                rec.update(grid=grid[0], args=[describe(a) for a in launch_args],
-                           kwargs={k: describe(v) for k, v in launch_kwargs.items()})
+                launches.append({"grid": math.prod(grid), "args": [describe(a) for a in launch_args],
+                                 "kwargs": {k: describe(v) for k, v in launch_kwargs.items()}})
             return launch
 
-    real_kernel = triton_linear._skinny_linear_kernel
-    triton_linear._skinny_linear_kernel = Record()
+    real_kernel = getattr(module, kernel_name)
+    setattr(module, kernel_name, Record())
     try:
         with torch.no_grad():
-            triton_linear.skinny_linear(*args, **kwargs)
+            call()
     finally:
-        triton_linear._skinny_linear_kernel = real_kernel
-    return rec
+        setattr(module, kernel_name, real_kernel)
+    return launches
+
+
+def record_launch(args: tuple, kwargs: dict) -> dict:
+    """`skinny_linear(*args, **kwargs)` with its kernel launch recorded (`record_launches`), named
+    {"call": "NxK+fused inputs", ...}."""
+    from hybrid_serve.kernels.linear import triton_linear
+
+    weight = args[1] if len(args) > 1 else kwargs["weight"]
+    fused = [k for k, v in kwargs.items()
+             if k.startswith(("x_", "topk", "decode")) and v is not None and v is not False]
+    (launch,) = record_launches(triton_linear, "_skinny_linear_kernel",
+                                lambda: triton_linear.skinny_linear(*args, **kwargs))
+    return {"call": f"{weight.shape[0]}x{weight.shape[1]}" + ("+" + "+".join(fused) if fused else ""), **launch}
 
 
 SMS = 132  # H100 / H200 SXM

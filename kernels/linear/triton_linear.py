@@ -26,7 +26,6 @@ from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.
 from .._common import check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
-from .skinny_config import skinny_config
 from .skinny_fusions import (
     X_ADD_NORM, X_GATED_NORM, X_PLAIN, X_SIGMOID_GATE, X_SILU_AND_MUL, AddNormInput, add_norm_args, add_norm_rstd,
     conv_decode_epilogue, decode_conv_args, skinny_x_tile, x_gate_args,
@@ -157,6 +156,16 @@ def _prepare(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if k == 0:
         return (y.zero_() if bias is None else y.copy_(bias.to(out_dtype).expand(m, n))), m, n, k, True
     return y, m, n, k, False
+
+
+def skinny_config(m: int, k: int) -> dict:
+    """Tile and warps for M rows and K inputs (H200 sweep, `benchmarks/linear_sweep.py`): 4
+    output features per program, the widest K tile that keeps the fp32 accumulator at <= 64
+    registers a thread, 8 warps for the K-heavy projections."""
+    block_m = next_pow2(max(m, 1))
+    num_warps = 8 if k >= 4096 or block_m >= 4 else 4
+    block_k = min(1024, next_pow2(k), max(16, 64 * 32 * num_warps // (block_m * 4)))
+    return dict(block_n=4, block_k=block_k, num_warps=num_warps)
 
 
 def skinny_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -89,8 +89,8 @@ def test_no_kernel_compiles_after_ready(family, vocab, spec, reference_models, t
     load_format = "auto"
     if vocab is not None:
         model_dir, load_format = _with_vocab(model_dir, str(tmp_path), vocab), "dummy"
-    proc = subprocess.run([sys.executable, "-c", SERVE, model_dir, load_format, json.dumps(spec), json.dumps(PROMPTS)], capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", SERVE, model_dir, load_format, json.dumps(spec), json.dumps(PROMPTS)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert all(n > 0 for n in result["cached"]), result  # the second turn did resume from checkpoints

@@ -1,17 +1,10 @@
 """moe_topk_softmax / fused_moe (Triton) vs the per-expert reference, and the refs vs models/layers/moe.py."""
 import pytest
 import torch
-from kernel_utils import DEVICE, gpu, rel_err, require_triton
+from kernel_utils import DEVICE, gpu, moe_experts, rel_err, require_triton
 
 require_triton()
 from hybrid_serve.kernels.moe import fused_moe, fused_moe_ref, moe_topk_softmax, moe_topk_softmax_ref  # noqa: E402
-
-
-def _experts(E, H, I, dtype, device=DEVICE, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype).to(device)
-    down = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype).to(device)
-    return gate_up, down
 
 
 @pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
@@ -94,7 +87,7 @@ def test_fused_moe_matches_ref(dtype, tol, tokens):
     E, K, H, I = 5, 2, 24, 40  # H, I not multiples of the tiles; some experts get no token
     g = torch.Generator().manual_seed(2)
     x = torch.randn(tokens, H, generator=g).to(dtype).to(DEVICE)
-    gate_up, down = _experts(E, H, I, dtype)
+    gate_up, down = moe_experts(E, H, I, dtype)
     weights, ids = moe_topk_softmax_ref(torch.randn(tokens, E, generator=g), K, True)
     weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
     got = fused_moe(x, gate_up, down, weights, ids)
@@ -125,7 +118,7 @@ def test_fused_moe_more_experts_than_assignments():
     E, K, H, I, T = 32, 4, 24, 40, 2
     g = torch.Generator().manual_seed(9)
     x = torch.randn(T, H, generator=g).to(DEVICE)
-    gate_up, down = _experts(E, H, I, torch.float32, seed=3)
+    gate_up, down = moe_experts(E, H, I, torch.float32, seed=3)
     weights, ids = moe_topk_softmax_ref(torch.randn(T, E, generator=g), K, True)
     got = fused_moe(x, gate_up, down, weights.to(DEVICE), ids.to(DEVICE))
     want = fused_moe_ref(x.cpu(), gate_up.cpu(), down.cpu(), weights, ids)
@@ -149,7 +142,7 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
     E, K, H, I, T = 64, 4, 24, 40, 3
     g = torch.Generator().manual_seed(11)
     x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
-    gate_up, down = _experts(E, H, I, dtype, seed=4)
+    gate_up, down = moe_experts(E, H, I, dtype, seed=4)
     weights, ids = moe_topk_softmax_ref(torch.randn(T, E, generator=g), K, True)
     weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
     assert triton_moe.one_row_tiles(T * K, E)
@@ -159,66 +152,6 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
     assert torch.equal(one_row, grouped)
     want = fused_moe_ref(x.cpu().float(), gate_up.cpu().float(), down.cpu().float(), weights.cpu().float(), ids.cpu())
     assert rel_err(one_row.cpu(), want) < (1e-5 if dtype == torch.float32 else 2e-2)
-
-
-class _LaunchSpy:
-    """Stands in for a kernel: counts its launches and runs it."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
-@pytest.mark.parametrize("activation", ["silu", "relu2"])
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("hidden,inter,tile_k", [(64, 32, 16), (42, 22, 16), (40, 24, None)],
-                         ids=["even", "ragged", "one_tile"])
-def test_fused_moe_skinny_experts(activation, dtype, tol, hidden, inter, tile_k, monkeypatch):
-    """HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny: a one-token call streams its experts through
-    `_moe_skinny_kernel` (K in several tiles or one, K and N multiples of the tile or not): the
-    reference's values, and the tensor-core one-row tiles' values to fp32 rounding (the same
-    sums in another order). Two tokens keep the tensor-core tiles: their bits."""
-    from hybrid_serve.kernels.moe import triton_moe
-
-    if tile_k is not None:  # small K tiles: several a product under the interpreter too
-        monkeypatch.setattr(triton_moe, "moe_skinny_tiles", lambda k_in, gated: (4, tile_k, 4))
-    E, K = 64, 4
-    g = torch.Generator().manual_seed(21)
-    x = torch.randn(2, hidden, generator=g).to(dtype).to(DEVICE)
-    rows = (2 if activation == "silu" else 1) * inter
-    gate_up = (torch.randn(E, rows, hidden, generator=g) / hidden ** 0.5).to(dtype).to(DEVICE)
-    down = (torch.randn(E, hidden, inter, generator=g) / inter ** 0.5).to(dtype).to(DEVICE)
-    weights, ids = moe_topk_softmax_ref(torch.randn(2, E, generator=g), K, True)
-    weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
-    tiles = fused_moe(x, gate_up, down, weights, ids, activation=activation, out_dtype=torch.float32)
-    spy = _LaunchSpy(triton_moe._moe_skinny_kernel)
-    monkeypatch.setattr(triton_moe, "_moe_skinny_kernel", spy)
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "skinny")
-    assert torch.equal(fused_moe(x, gate_up, down, weights, ids, activation=activation, out_dtype=torch.float32),
-                       tiles)  # two tokens: the tensor-core tiles
-    assert spy.launches == 0
-    one = fused_moe(x[:1], gate_up, down, weights[:1], ids[:1], activation=activation, out_dtype=torch.float32)
-    assert spy.launches == 2  # both expert products
-    want = fused_moe_ref(x[:1].cpu().float(), gate_up.cpu().float(), down.cpu().float(), weights[:1].cpu().float(),
-                         ids[:1].cpu(), activation=activation)
-    assert rel_err(one.cpu(), want) < tol
-    assert rel_err(one.cpu(), tiles[:1].cpu()) < (1e-6 if dtype == torch.float32 else 1e-2)
-
-
-def test_moe_one_row_setting_names_its_values(monkeypatch):
-    from hybrid_serve.kernels.switch import moe_one_row_mode, moe_one_row_tiles_allowed
-
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "skinny")
-    assert moe_one_row_mode() == "skinny" and moe_one_row_tiles_allowed()
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "0")
-    assert not moe_one_row_tiles_allowed()
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "yes")
-    with pytest.raises(ValueError, match="HYBRID_SERVE_MOE_ONE_ROW_TILES must be 0, 1 or skinny, got 'yes'"):
-        moe_one_row_tiles_allowed()
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gated", "ungated"])
@@ -231,7 +164,7 @@ def test_fused_moe_adds_the_shared_term(dtype, tol, gated):
     E, K, H, I, T = 6, 2, 24, 40, 5
     g = torch.Generator().manual_seed(12)
     x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
-    gate_up, down = _experts(E, H, I, dtype, seed=5)
+    gate_up, down = moe_experts(E, H, I, dtype, seed=5)
     logits = torch.randn(T, E + 1, generator=g).to(DEVICE)  # router | shared gate, fp32
     weights, ids = moe_topk_softmax(logits[:, :E], K, True, out_dtype=dtype)
     shared = torch.randn(T, H, generator=g).to(DEVICE)
@@ -262,7 +195,7 @@ def test_shared_expert_combine_in_the_skinny_launch(gated, out_dtype):
     E, K, H, I, I_shared = 8, 3, 48, 40, 24
     g = torch.Generator().manual_seed(21)
     x = torch.randn(1, H, generator=g).to(torch.bfloat16).to(DEVICE)
-    gate_up, down = _experts(E, H, I, torch.bfloat16, seed=6)
+    gate_up, down = moe_experts(E, H, I, torch.bfloat16, seed=6)
     projections = torch.randn(1, E + 1 + 2 * I_shared, generator=g).to(DEVICE)  # router | gate | shared gate_up
     shared_down = (torch.randn(H, I_shared, generator=g) / I_shared ** 0.5).to(torch.bfloat16).to(DEVICE)
     weights, ids = moe_topk_softmax(projections[:, :E], K, True, out_dtype=torch.bfloat16)
@@ -300,7 +233,7 @@ def test_fused_moe_many_tokens_one_expert():
     """All assignments on one expert: several tiles of one expert, the others idle."""
     E, K, H, I, T = 4, 1, 16, 16, 37
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    gate_up, down = _experts(E, H, I, torch.float32)
+    gate_up, down = moe_experts(E, H, I, torch.float32)
     ids = torch.full((T, K), 2, dtype=torch.int64, device=DEVICE)
     weights = torch.rand(T, K, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     assert rel_err(fused_moe(x, gate_up, down, weights, ids).cpu(),
@@ -323,7 +256,7 @@ def test_refs_match_model_moe():
 
 
 def test_moe_rejects_bad_inputs():
-    gate_up, down = _experts(4, 16, 8, torch.float32)
+    gate_up, down = moe_experts(4, 16, 8, torch.float32)
     x = torch.randn(2, 16, device=DEVICE)
     with pytest.raises(ValueError, match="topk_ids"):
         fused_moe(x, gate_up, down, torch.ones(2, 1, device=DEVICE), torch.full((2, 1), 4, device=DEVICE))
@@ -337,7 +270,7 @@ def test_fused_moe_serving_shapes_gpu(tokens):
     """Qwen3-Next-like: 512 experts, top 10, hidden 2048, expert intermediate 512, bf16."""
     E, K, H, I = 512, 10, 2048, 512
     x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
+    gate_up, down = moe_experts(E, H, I, torch.bfloat16, device="cuda")
     router_logits = torch.randn(tokens, E, device="cuda")
     w, ids = moe_topk_softmax(router_logits, K, True)
     want_w, want_ids = moe_topk_softmax_ref(router_logits, K, True)
@@ -358,33 +291,12 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles_serving_shapes_gpu(tokens, 
     monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
     E, K, H, I = 512, 10, 2048, 512
     x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
+    gate_up, down = moe_experts(E, H, I, torch.bfloat16, device="cuda")
     w, ids = moe_topk_softmax(torch.randn(tokens, E, device="cuda"), K, True, out_dtype=torch.bfloat16)
     assert triton_moe.one_row_tiles(tokens * K, E)
     one_row = fused_moe(x, gate_up, down, w, ids, out_dtype=torch.float32)
     monkeypatch.setattr(triton_moe, "one_row_tiles", lambda *_: False)
     assert torch.equal(one_row, fused_moe(x, gate_up, down, w, ids, out_dtype=torch.float32))
-
-
-@gpu
-@pytest.mark.parametrize("activation", ["silu", "relu2"])
-def test_fused_moe_skinny_experts_serving_shapes_gpu(activation, monkeypatch):
-    """Qwen3-Next's expert shapes (512 experts, top-10, 2048 / 512; relu2: Nemotron-H's kind),
-    one token in bf16: the skinny experts give the reference's values and the tensor-core
-    tiles' to rounding."""
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
-    E, K, H, I = 512, 10, 2048, 512
-    x = torch.randn(1, H, device="cuda", dtype=torch.bfloat16)
-    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
-    if activation == "relu2":
-        gate_up = gate_up[:, :I].contiguous()
-    w, ids = moe_topk_softmax(torch.randn(1, E, device="cuda"), K, True, out_dtype=torch.bfloat16)
-    tiles = fused_moe(x, gate_up, down, w, ids, activation=activation, out_dtype=torch.float32)
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "skinny")
-    got = fused_moe(x, gate_up, down, w, ids, activation=activation, out_dtype=torch.float32)
-    want = fused_moe_ref(x.float(), gate_up.float(), down.float(), w.float(), ids, activation=activation)
-    assert rel_err(got, want) < 2e-2
-    assert rel_err(got, tiles) < 1e-2
 
 
 def test_fused_moe_rows_do_not_depend_on_the_row_count():

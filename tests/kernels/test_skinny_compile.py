@@ -36,22 +36,17 @@ launches = {"out_proj+gated_norm": record_launch((x, w), {"x_gated_norm": (z, nw
 out = {name: compile_launch(rec, 90) for name, rec in launches.items()}
 
 # the experts of a one-token fused_moe under HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny (Qwen3-Next's shapes)
-from hybrid_serve.kernels.moe import triton_moe
-from skinny_compile_check import describe
+from hybrid_serve.kernels.moe import skinny_experts, triton_moe
+from skinny_compile_check import record_launches
 triton_moe.check_launch_device = lambda *a, **k: None
 triton_moe.check_index_range = lambda *a, **k: None
-moe_kernel, moe_launches = triton_moe._moe_skinny_kernel, []
-class Record:
-    def __getitem__(self, grid):
-        return lambda *args, **kw: moe_launches.append({"grid": grid[0] * grid[1], "args": [describe(a) for a in args],
-                                                        "kwargs": {k: describe(v) for k, v in kw.items()}})
-triton_moe._moe_skinny_kernel = Record()
 os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "skinny"
 E, I = 512, 512
-triton_moe.fused_moe(h, torch.zeros(E, 2 * I, 2048, dtype=bf), torch.zeros(E, 2048, I, dtype=bf),
-                     torch.zeros(1, 10, dtype=bf), torch.arange(10).view(1, 10), combine=False)
-for name, rec in zip(("moe_skinny_gate_up", "moe_skinny_down"), moe_launches):
-    out[name] = compile_launch(rec, 90, moe_kernel)
+moe = record_launches(skinny_experts, "_moe_skinny_kernel", lambda: triton_moe.fused_moe(
+    h, torch.zeros(E, 2 * I, 2048, dtype=bf), torch.zeros(E, 2048, I, dtype=bf), torch.zeros(1, 10, dtype=bf),
+    torch.arange(10).view(1, 10), combine=False))
+for name, rec in zip(("moe_skinny_gate_up", "moe_skinny_down"), moe):
+    out[name] = compile_launch(rec, 90, skinny_experts._moe_skinny_kernel)
 print("RESULT " + json.dumps(out))
 """
 
