@@ -4,10 +4,9 @@
 # tests with PDL on, then decode steps with PDL off and on in alternating engines: the
 # Qwen3-Next 12-layer slice (batch 1 and 4, against its bytes-moved roofline) and the 2.3B
 # model, and the slice's batch-1 kernel table with PDL on. STEPS picks (`gputests`: the rest of
-# tests/gpu with PDL on; `moeskinny`: HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny, its GPU tests, its
-# tiles per GEMM and the slice's batch-1 step against the tensor-core tiles); `tree` compares
-# this tree's default decode step with OLD_TREE's (e.g. `git archive REV --prefix=hybrid_serve/`
-# unpacked under .devold/, carried) in alternating processes, two each.
+# tests/gpu with PDL on); `tree` compares this tree's default decode step with OLD_TREE's (e.g.
+# `git archive REV --prefix=hybrid_serve/` unpacked under .devold/, carried) in alternating
+# processes, two each.
 # Usage (device machine, repo root): bash benchmarks/device_pdl.sh  [writes to $OUT]
 set -uo pipefail
 OUT=${OUT:-./bench_out}; mkdir -p "$OUT"
@@ -50,11 +49,6 @@ for step in $STEPS; do
             --baseline none --json "$OUT/llmgen_$t$r.json" 2>&1 | grep -v "^\[" | tail -1 | sed "s/^/$t$r: /"
         done
       done 2>&1 | tee "$OUT/llmgen_ab.log" ;;
-    moeskinny)  # one-token experts without tensor cores (HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny): bits, tiles, the step
-      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe_kernels.py -k "skinny or one_row" 2>&1 | tail -2
-      timeout 150 python3 benchmarks/moe_gemm_tune.py --skinny 2>&1 | tee "$OUT/moe_skinny_tune.log" | grep -v "^\[" | tail -14
-      timeout 200 python3 benchmarks/moe_decode_ab.py --ab moe_skinny --batches 1 --repeats 2 2>&1 \
-        | tee "$OUT/moe_skinny_ab_next.log" | grep -v "^\[" | tail -3 ;;
     profile)
       for pdl in ${PROFILE_PDL:-1}; do
         HYBRID_SERVE_PDL=$pdl timeout 200 python3 benchmarks/moe_profile_bs1.py --top ${PROFILE_TOP:-20} 2>&1 | tee "$OUT/pdl_profile$pdl.log" | tail -$((${PROFILE_TOP:-20} + 10))

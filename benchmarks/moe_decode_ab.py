@@ -7,7 +7,6 @@ experts, top-10), dummy bf16 weights, one GPU.
     python benchmarks/moe_decode_ab.py [--model qwen3_next_80b_12l] [--batches 1,4,16] [--profile]
     python benchmarks/moe_decode_ab.py --ab pdl --repeats 2   # one-row tiles, HYBRID_SERVE_PDL 0 / 1
     python benchmarks/moe_decode_ab.py --ab add_norm          # HYBRID_SERVE_FUSE_ADD_NORM default / 0
-    python benchmarks/moe_decode_ab.py --ab moe_skinny        # one-token experts: tensor-core tiles / skinny
 
 `--ab pdl` compares programmatic dependent launch off and on (kernels/_launch.py), both with
 one-row tiles, in alternating processes' engines (off, on, off, on, ...); the table gives each
@@ -52,8 +51,6 @@ def step_bytes(acct: dict, top_k: int, num_experts: int, batch: int) -> float:
 
 AB_SETTINGS = {  # --ab: the two settings compared, (label, environment) each
     "one_row": (("1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1"}), ("0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "0"})),
-    "moe_skinny": (("tiles", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1"}),
-                   ("skinny", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "skinny"})),
     "pdl": (("pdl0", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "0"}),
             ("pdl1", {"HYBRID_SERVE_MOE_ONE_ROW_TILES": "1", "HYBRID_SERVE_PDL": "1"})),
     "add_norm": (("default", {}), ("separate", {"HYBRID_SERVE_FUSE_ADD_NORM": "0"})),

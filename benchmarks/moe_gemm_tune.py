@@ -10,8 +10,6 @@ the bytes of the 10 chosen experts (the tokens' picks, distinct) over the copy r
 measured in the same run.
 
     python benchmarks/moe_gemm_tune.py [--tokens 1,4]
-    python benchmarks/moe_gemm_tune.py --skinny   # one token: HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny
-                                                  # (_moe_skinny_kernel) per GEMM and tile vs the tensor-core tiles
 
 JSON in $OUT (moe_gemm_tune.json).
 """
@@ -29,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from decode_bench import copy_bandwidth  # noqa: E402
 
-from hybrid_serve.kernels.moe import fused_moe, skinny_experts, triton_moe  # noqa: E402
+from hybrid_serve.kernels.moe import fused_moe, triton_moe  # noqa: E402
 
 E, K, H, I = 512, 10, 2048, 512
 COPIES, CALLS = 4, 48
@@ -63,59 +61,6 @@ def time_calls(x: torch.Tensor, weights: list[tuple[torch.Tensor, torch.Tensor]]
     return statistics.median(means)
 
 
-def card_and_weights() -> tuple[float, str, torch.Generator, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """The copy rate measured now (printed with the card's name), a seeded generator, and COPIES
-    copies of the experts' bf16 weights (Qwen3-Next's shapes)."""
-    bw = copy_bandwidth()
-    device = torch.cuda.get_device_name(0)
-    print(f"{device}: copy rate {bw / 1e12:.3f} TB/s", flush=True)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    weights = [((torch.randn(E, 2 * I, H, device="cuda", generator=gen) / H ** 0.5).bfloat16(),
-                (torch.randn(E, H, I, device="cuda", generator=gen) / I ** 0.5).bfloat16()) for _ in range(COPIES)]
-    return bw, device, gen, weights
-
-
-def skinny_sweep(tile_list: str) -> None:
-    """One token: the tensor-core one-row tiles, then HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny with
-    its default tiles, then each GEMM with each of `tile_list` (the other GEMM at its default)."""
-    bw, device, gen, weights = card_and_weights()
-    x = torch.randn(1, H, device="cuda", generator=gen).bfloat16()
-    ids = [torch.randperm(E, device="cuda", generator=gen)[:K].view(1, K) for _ in range(CALLS)]
-    floor_us = K * 3 * I * H * 2 / bw * 1e6
-    topk_w = torch.full((1, K), 1.0 / K, device="cuda", dtype=torch.bfloat16)
-    os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "1"
-    tensor_core = time_calls(x, weights, ids, topk_w)
-    os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "skinny"
-    default_tiles = skinny_experts.moe_skinny_tiles
-    skinny = time_calls(x, weights, ids, topk_w)
-    print(f"floor {floor_us:.2f} us; tensor-core one-row tiles {tensor_core:.2f} us ({floor_us / tensor_core:.1%}); "
-          f"skinny, default tiles {skinny:.2f} us ({floor_us / skinny:.1%})", flush=True)
-    result = {"device": device, "copy_rate_TBps": bw / 1e12, "floor_us": floor_us, "tensor_core_us": tensor_core,
-              "skinny_default_us": skinny, "cases": []}
-    for gated in (True, False):
-        for spec in tile_list.split(","):
-            tiles = tuple(int(v) for v in spec.split("x"))
-
-            def swept(k_in: int, g: bool, tiles=tiles, want=gated) -> tuple[int, int, int]:
-                return tiles if g == want else default_tiles(k_in, g)
-
-            skinny_experts.moe_skinny_tiles = swept
-            try:
-                us = time_calls(x, weights, ids, topk_w)
-            except Exception as e:  # noqa: BLE001  (a config Triton cannot compile: out of resources)
-                print(f"  {'gate_up' if gated else 'down'} {spec}: failed {type(e).__name__}")
-                continue
-            finally:
-                skinny_experts.moe_skinny_tiles = default_tiles
-            result["cases"].append({"gemm": "gate_up" if gated else "down", "tiles": tiles, "us_per_call": us})
-            print(f"  {'gate_up' if gated else 'down':7} BN x BK x warps {spec}: {us:.2f} us ({skinny - us:+.2f} vs "
-                  f"skinny default, {tensor_core - us:+.2f} vs tensor cores)", flush=True)
-    out_dir = os.environ.get("OUT", "./bench_out")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "moe_gemm_tune_skinny.json"), "w") as f:
-        json.dump(result, f, indent=1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", default="1,4")
@@ -123,14 +68,14 @@ def main() -> None:
     ap.add_argument("--block-k", default="64,128,256")
     ap.add_argument("--warps", default="2,4")
     ap.add_argument("--stages", default="3,4")
-    ap.add_argument("--skinny", action="store_true", help="one token: the skinny experts' tiles (BNxBKxwarps)")
-    ap.add_argument("--skinny-tiles", default="4x1024x4,4x512x4,8x512x4,8x256x4,16x512x8,16x256x4")
     args = ap.parse_args()
-    if args.skinny:
-        skinny_sweep(args.skinny_tiles)
-        return
     os.environ["HYBRID_SERVE_MOE_ONE_ROW_TILES"] = "1"
-    bw, device, gen, weights = card_and_weights()
+    bw = copy_bandwidth()
+    device = torch.cuda.get_device_name(0)
+    print(f"{device}: copy rate {bw / 1e12:.3f} TB/s", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = [((torch.randn(E, 2 * I, H, device="cuda", generator=gen) / H ** 0.5).bfloat16(),
+                (torch.randn(E, H, I, device="cuda", generator=gen) / I ** 0.5).bfloat16()) for _ in range(COPIES)]
     default = dict(triton_moe.GEMM_TILES)
     grid = list(itertools.product(*(map(int, v.split(",")) for v in (args.block_n, args.block_k, args.warps,
                                                                        args.stages))))

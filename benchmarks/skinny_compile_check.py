@@ -84,44 +84,33 @@ def describe(value) -> list:
     return ["value", repr(value)]
 
 
-def record_launches(module, kernel_name: str, call) -> list[dict]:
-    """`call()` with `module.<kernel_name>` launches recorded instead of run: [{"grid": programs,
-    "args": [...], "kwargs": {...}}] in launch order. Nothing runs, so an in-place epilogue leaves
-    its inputs as they were."""
-    import math
-
+def record_launch(args: tuple, kwargs: dict) -> dict:
+    """`skinny_linear(*args, **kwargs)` with its kernel launch recorded instead of run: {"call":
+    "NxK+fused inputs", "grid": programs, "args": [...], "kwargs": {...}}. Nothing runs, so an
+    in-place epilogue leaves its inputs as they were."""
     import torch
 
-    launches = []
+    from hybrid_serve.kernels.linear import triton_linear
+
+    weight = args[1] if len(args) > 1 else kwargs["weight"]
+    fused = [k for k, v in kwargs.items() if k.startswith(("x_", "topk", "decode")) and v is not None and v is not False]
+    rec = {"call": f"{weight.shape[0]}x{weight.shape[1]}" + ("+" + "+".join(fused) if fused else "")}
 
     class Record:
         def __getitem__(self, grid):
             def launch(*launch_args, **launch_kwargs):
-                launches.append({"grid": math.prod(grid), "args": [describe(a) for a in launch_args],
-                                 "kwargs": {k: describe(v) for k, v in launch_kwargs.items()}})
+                rec.update(grid=grid[0], args=[describe(a) for a in launch_args],
+                           kwargs={k: describe(v) for k, v in launch_kwargs.items()})
             return launch
 
-    real_kernel = getattr(module, kernel_name)
-    setattr(module, kernel_name, Record())
+    real_kernel = triton_linear._skinny_linear_kernel
+    triton_linear._skinny_linear_kernel = Record()
     try:
         with torch.no_grad():
-            call()
+            triton_linear.skinny_linear(*args, **kwargs)
     finally:
-        setattr(module, kernel_name, real_kernel)
-    return launches
-
-
-def record_launch(args: tuple, kwargs: dict) -> dict:
-    """`skinny_linear(*args, **kwargs)` with its kernel launch recorded (`record_launches`), named
-    {"call": "NxK+fused inputs", ...}."""
-    from hybrid_serve.kernels.linear import triton_linear
-
-    weight = args[1] if len(args) > 1 else kwargs["weight"]
-    fused = [k for k, v in kwargs.items()
-             if k.startswith(("x_", "topk", "decode")) and v is not None and v is not False]
-    (launch,) = record_launches(triton_linear, "_skinny_linear_kernel",
-                                lambda: triton_linear.skinny_linear(*args, **kwargs))
-    return {"call": f"{weight.shape[0]}x{weight.shape[1]}" + ("+" + "+".join(fused) if fused else ""), **launch}
+        triton_linear._skinny_linear_kernel = real_kernel
+    return rec
 
 
 SMS = 132  # H100 / H200 SXM
@@ -151,18 +140,17 @@ def capture(model: str, settings: dict[str, dict]) -> dict:
     return json.loads(line[len("LAUNCHES "):])
 
 
-def compile_launch(rec: dict, arch: int, kernel=None) -> dict:
-    """Compile one recorded launch of `kernel` (default the skinny linear's) for sm_{arch}:
-    ptxas's registers and spills, shared memory, programs an SM, weight loads before the PDL
-    wait (SASS)."""
+def compile_launch(rec: dict, arch: int) -> dict:
+    """Compile one recorded launch for sm_{arch}: ptxas's registers and spills, shared memory,
+    programs an SM, weight loads before the PDL wait (SASS)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if kernel is None:
-        from hybrid_serve.kernels.linear.triton_linear import _skinny_linear_kernel as kernel
-    fn = kernel.fn if hasattr(kernel, "fn") else kernel
+    from hybrid_serve.kernels.linear.triton_linear import _skinny_linear_kernel
+
+    fn = _skinny_linear_kernel.fn if hasattr(_skinny_linear_kernel, "fn") else _skinny_linear_kernel
     names = fn.arg_names
     params = {p.name: p for p in fn.params}
     bound = dict(zip(names, rec["args"]))

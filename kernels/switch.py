@@ -19,14 +19,9 @@ call (so one test process can flip it).
                                            list of ADD_NORM_CONSUMERS (default
                                            "attention,mlp,moe"), 1 every kind, 0 none (their own
                                            launch; A/B runs)
-    HYBRID_SERVE_MOE_ONE_ROW_TILES=0|1|skinny
-                                           1 (default): fused_moe skips its grouping pass when
+    HYBRID_SERVE_MOE_ONE_ROW_TILES=0|1      1 (default): fused_moe skips its grouping pass when
                                            few assignments meet many experts; 0 always groups
-                                           (A/B runs; the same bits either way); skinny: as 1, and
-                                           a one-token call's experts streamed as kernels/linear's
-                                           skinny kernel streams a weight (no tensor cores; other
-                                           bits, the same sums to rounding; an experiment for A/B
-                                           runs, not yet measured on a card)
+                                           (A/B runs; the same bits either way)
 """
 from __future__ import annotations
 
@@ -101,17 +96,12 @@ def few_rows_limit() -> int:
     return max(0, min(rows, FEW_ROWS_MAX_ROWS))
 
 
-def moe_one_row_mode() -> str:
-    """HYBRID_SERVE_MOE_ONE_ROW_TILES: "1" (default), "0" or "skinny"."""
-    value = os.environ.get(MOE_ONE_ROW_ENV, "1")
-    if value not in ("0", "1", "skinny"):
-        raise ValueError(f"{MOE_ONE_ROW_ENV} must be 0, 1 or skinny, got {value!r}")
-    return value
-
-
 def moe_one_row_tiles_allowed() -> bool:
-    """Whether fused_moe may skip its grouping pass (HYBRID_SERVE_MOE_ONE_ROW_TILES 1 or skinny)."""
-    return moe_one_row_mode() != "0"
+    """HYBRID_SERVE_MOE_ONE_ROW_TILES: 1 (default) or 0."""
+    value = os.environ.get(MOE_ONE_ROW_ENV, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{MOE_ONE_ROW_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
 
 
 ADD_NORM_CONSUMERS = ("gdn", "attention", "mlp", "moe")  # the projections that may take a layer's add and norm

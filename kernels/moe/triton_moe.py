@@ -17,10 +17,6 @@ decode) the grouping is skipped: tile m holds assignment m alone. Then, one prog
     out[t] = sum_k y[t*K + k]                                        (k in order, one program per
                                                                      token and column block)
 
-HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny (an experiment, not yet measured on a card): a one-token call
-runs both GEMMs through skinny_experts.py instead, each product summed in fp32 without tensor
-cores as kernels/linear's skinny kernel streams a weight (4 outputs a program).
-
 The last sum is ours rather than torch's `sum(dim=1)`: torch's reduction splits the K terms
 across threads depending on how many outputs the call has, so a token's sum (and, at a near
 tie, its next token) changed with the step's row count (an eager decode step of 5 rows vs the
@@ -33,11 +29,10 @@ import triton
 import triton.language as tl
 
 from .. import _interpreter_compat  # noqa: F401  (interpreter under NumPy >= 2.4)
-from ..switch import moe_one_row_mode, moe_one_row_tiles_allowed
+from ..switch import moe_one_row_tiles_allowed
 from .._common import FLOAT_DTYPES, INDEX_DTYPES, check_index_range, check_launch_device, check_tensor, next_pow2
 from .._launch import install_fast_launch
 from .._triton_common import TL_DTYPE, pdl_enter
-from .skinny_experts import skinny_expert_gemm
 
 
 # per-step sizes and metadata not specialized: one compiled variant (kernels/__init__.py)
@@ -288,17 +283,8 @@ def fused_moe(x: torch.Tensor, gate_up_proj: torch.Tensor, down_proj: torch.Tens
     h = torch.empty(num_assign, inter, dtype=x.dtype, device=x.device)
     y = torch.empty(num_assign, hidden, dtype=torch.float32, device=x.device)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    # HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny: a one-token call (batch-1 decode: the row count the
-    # linears stream weights at, kernels/switch.py) streams its experts without tensor cores.
-    # One token only: a row count is its own decode-graph bucket, so an eager step and the graph
-    # of that row count take the same kernel.
-    skinny = one_row and num_tokens == 1 and moe_one_row_mode() == "skinny"
     for out, a, w, n_out, k_in, div, first in ((h, x, gate_up_proj, inter, hidden, top_k, True),
                                               (y, h, down_proj, hidden, inter, 1, False)):
-        if skinny:
-            skinny_expert_gemm(out, a, w, flat_ids, weights, div, gated=first and gated, relu2=first and not gated,
-                               scale_rows=not first)
-            continue
         block_n, block_k, warps, stages = gemm_tiles(one_row, first, x.dtype)
         grid = (tile_expert.shape[0], triton.cdiv(n_out, block_n))
         _moe_gemm_kernel[grid](

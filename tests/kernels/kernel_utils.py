@@ -40,11 +40,3 @@ def cu_seqlens(lens: list[int], device=DEVICE) -> torch.Tensor:
 
 def lens_id(lens) -> str:
     return "x".join(map(str, lens)) if len(lens) <= 6 else f"{len(lens)}rows"
-
-
-def moe_experts(E: int, H: int, I: int, dtype: torch.dtype, device=DEVICE, seed: int = 0):
-    """Random experts of a gated MoE: gate_up [E, 2I, H] ([gate | up] rows), down [E, H, I]."""
-    g = torch.Generator().manual_seed(seed)
-    gate_up = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype).to(device)
-    down = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype).to(device)
-    return gate_up, down

@@ -1,10 +1,17 @@
 """moe_topk_softmax / fused_moe (Triton) vs the per-expert reference, and the refs vs models/layers/moe.py."""
 import pytest
 import torch
-from kernel_utils import DEVICE, gpu, moe_experts, rel_err, require_triton
+from kernel_utils import DEVICE, gpu, rel_err, require_triton
 
 require_triton()
 from hybrid_serve.kernels.moe import fused_moe, fused_moe_ref, moe_topk_softmax, moe_topk_softmax_ref  # noqa: E402
+
+
+def _experts(E, H, I, dtype, device=DEVICE, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate_up = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(dtype).to(device)
+    down = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(dtype).to(device)
+    return gate_up, down
 
 
 @pytest.mark.parametrize("renormalize", [True, False], ids=["renorm", "raw"])
@@ -87,7 +94,7 @@ def test_fused_moe_matches_ref(dtype, tol, tokens):
     E, K, H, I = 5, 2, 24, 40  # H, I not multiples of the tiles; some experts get no token
     g = torch.Generator().manual_seed(2)
     x = torch.randn(tokens, H, generator=g).to(dtype).to(DEVICE)
-    gate_up, down = moe_experts(E, H, I, dtype)
+    gate_up, down = _experts(E, H, I, dtype)
     weights, ids = moe_topk_softmax_ref(torch.randn(tokens, E, generator=g), K, True)
     weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
     got = fused_moe(x, gate_up, down, weights, ids)
@@ -118,7 +125,7 @@ def test_fused_moe_more_experts_than_assignments():
     E, K, H, I, T = 32, 4, 24, 40, 2
     g = torch.Generator().manual_seed(9)
     x = torch.randn(T, H, generator=g).to(DEVICE)
-    gate_up, down = moe_experts(E, H, I, torch.float32, seed=3)
+    gate_up, down = _experts(E, H, I, torch.float32, seed=3)
     weights, ids = moe_topk_softmax_ref(torch.randn(T, E, generator=g), K, True)
     got = fused_moe(x, gate_up, down, weights.to(DEVICE), ids.to(DEVICE))
     want = fused_moe_ref(x.cpu(), gate_up.cpu(), down.cpu(), weights, ids)
@@ -142,7 +149,7 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles(dtype, monkeypatch):
     E, K, H, I, T = 64, 4, 24, 40, 3
     g = torch.Generator().manual_seed(11)
     x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
-    gate_up, down = moe_experts(E, H, I, dtype, seed=4)
+    gate_up, down = _experts(E, H, I, dtype, seed=4)
     weights, ids = moe_topk_softmax_ref(torch.randn(T, E, generator=g), K, True)
     weights, ids = weights.to(dtype).to(DEVICE), ids.to(DEVICE)
     assert triton_moe.one_row_tiles(T * K, E)
@@ -164,7 +171,7 @@ def test_fused_moe_adds_the_shared_term(dtype, tol, gated):
     E, K, H, I, T = 6, 2, 24, 40, 5
     g = torch.Generator().manual_seed(12)
     x = torch.randn(T, H, generator=g).to(dtype).to(DEVICE)
-    gate_up, down = moe_experts(E, H, I, dtype, seed=5)
+    gate_up, down = _experts(E, H, I, dtype, seed=5)
     logits = torch.randn(T, E + 1, generator=g).to(DEVICE)  # router | shared gate, fp32
     weights, ids = moe_topk_softmax(logits[:, :E], K, True, out_dtype=dtype)
     shared = torch.randn(T, H, generator=g).to(DEVICE)
@@ -195,7 +202,7 @@ def test_shared_expert_combine_in_the_skinny_launch(gated, out_dtype):
     E, K, H, I, I_shared = 8, 3, 48, 40, 24
     g = torch.Generator().manual_seed(21)
     x = torch.randn(1, H, generator=g).to(torch.bfloat16).to(DEVICE)
-    gate_up, down = moe_experts(E, H, I, torch.bfloat16, seed=6)
+    gate_up, down = _experts(E, H, I, torch.bfloat16, seed=6)
     projections = torch.randn(1, E + 1 + 2 * I_shared, generator=g).to(DEVICE)  # router | gate | shared gate_up
     shared_down = (torch.randn(H, I_shared, generator=g) / I_shared ** 0.5).to(torch.bfloat16).to(DEVICE)
     weights, ids = moe_topk_softmax(projections[:, :E], K, True, out_dtype=torch.bfloat16)
@@ -233,7 +240,7 @@ def test_fused_moe_many_tokens_one_expert():
     """All assignments on one expert: several tiles of one expert, the others idle."""
     E, K, H, I, T = 4, 1, 16, 16, 37
     x = torch.randn(T, H, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    gate_up, down = moe_experts(E, H, I, torch.float32)
+    gate_up, down = _experts(E, H, I, torch.float32)
     ids = torch.full((T, K), 2, dtype=torch.int64, device=DEVICE)
     weights = torch.rand(T, K, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     assert rel_err(fused_moe(x, gate_up, down, weights, ids).cpu(),
@@ -256,7 +263,7 @@ def test_refs_match_model_moe():
 
 
 def test_moe_rejects_bad_inputs():
-    gate_up, down = moe_experts(4, 16, 8, torch.float32)
+    gate_up, down = _experts(4, 16, 8, torch.float32)
     x = torch.randn(2, 16, device=DEVICE)
     with pytest.raises(ValueError, match="topk_ids"):
         fused_moe(x, gate_up, down, torch.ones(2, 1, device=DEVICE), torch.full((2, 1), 4, device=DEVICE))
@@ -270,7 +277,7 @@ def test_fused_moe_serving_shapes_gpu(tokens):
     """Qwen3-Next-like: 512 experts, top 10, hidden 2048, expert intermediate 512, bf16."""
     E, K, H, I = 512, 10, 2048, 512
     x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-    gate_up, down = moe_experts(E, H, I, torch.bfloat16, device="cuda")
+    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
     router_logits = torch.randn(tokens, E, device="cuda")
     w, ids = moe_topk_softmax(router_logits, K, True)
     want_w, want_ids = moe_topk_softmax_ref(router_logits, K, True)
@@ -291,7 +298,7 @@ def test_fused_moe_one_row_tiles_equal_grouped_tiles_serving_shapes_gpu(tokens, 
     monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "1")
     E, K, H, I = 512, 10, 2048, 512
     x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
-    gate_up, down = moe_experts(E, H, I, torch.bfloat16, device="cuda")
+    gate_up, down = _experts(E, H, I, torch.bfloat16, device="cuda")
     w, ids = moe_topk_softmax(torch.randn(tokens, E, device="cuda"), K, True, out_dtype=torch.bfloat16)
     assert triton_moe.one_row_tiles(tokens * K, E)
     one_row = fused_moe(x, gate_up, down, w, ids, out_dtype=torch.float32)

@@ -194,20 +194,3 @@ def test_decode_row_fusions_in_bf16(family, models, monkeypatch):
     monkeypatch.setenv(FUSE_ADD_NORM_ENV, "0")
     separate, _ = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
     assert _rel(separate.float(), unfused.float()) < 5e-3
-    # the one-token rows' experts streamed without tensor cores (HYBRID_SERVE_MOE_ONE_ROW_TILES=skinny,
-    # an experiment): they ran, and the logits are the tensor-core tiles' to bf16 rounding
-    from hybrid_serve.kernels.moe import skinny_experts
-
-    launches = []
-    real_kernel = skinny_experts._moe_skinny_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real_kernel[grid]
-
-    monkeypatch.setattr(skinny_experts, "_moe_skinny_kernel", Spy())
-    monkeypatch.setenv("HYBRID_SERVE_MOE_ONE_ROW_TILES", "skinny")
-    skinny, _ = _run(model, steps, token_ids, True, monkeypatch, TRITON_DEVICE, torch.bfloat16)
-    assert launches  # the decode rows' experts (the prompt rows keep the tensor-core tiles)
-    assert _rel(skinny.float(), separate.float()) < 5e-3
