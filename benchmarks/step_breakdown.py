@@ -16,7 +16,10 @@
    around the shard's execute). A summary table by kind.
 3. `--profile`: the same workload again under the torch profiler (CUDA activity only), the
    kernels with the most GPU time.
-4. `--sync-debug N`: N requests of the workload's lengths (prefill and mixed steps) under
+4. `--profile-schedule`: the workload once more with every `Scheduler.schedule` call under
+   cProfile (wall clock: a call that blocks shows where) and the garbage collector's passes
+   inside them timed; the functions with the most time.
+5. `--sync-debug N`: N requests of the workload's lengths (prefill and mixed steps) under
    torch's CUDA sync debug mode: every host <-> device synchronization the step path makes,
    by call site (the engine's one intended wait, for the previous step's tokens, is an event
    and does not show), then the same under the torch profiler with CPU activity: the host
@@ -45,9 +48,10 @@ def instrument(engine, log: list):
     cur: dict = {}
 
     def schedule():
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         chunks = real_schedule()
         cur["schedule_ms"] = (time.perf_counter() - t) * 1e3
+        cur["schedule_cpu_ms"] = (time.thread_time() - cpu) * 1e3  # this thread's CPU time: < wall = not running
         lens = [c.num_tokens for c in chunks]
         cur.update(rows=len(lens), tokens=sum(lens), decode_rows=sum(1 for n in lens if n == 1))
         return chunks
@@ -119,17 +123,19 @@ def summarize(log: list) -> dict:
                        "host_s": sum(e["host_ms"] for e in es) / 1e3, "median_wall_ms": med("wall_ms"),
                        "median_gpu_ms": med("gpu_ms"), "median_host_ms": med("host_ms"),
                        "median_launch_ms": med("launch_ms"), "median_schedule_ms": med("schedule_ms"),
+                       "median_schedule_cpu_ms": med("schedule_cpu_ms"),
                        "median_tokens": med("tokens"), "median_rows": med("rows"), "max_rows": max(e["rows"] for e in es)}
     return table
 
 
 def print_table(table: dict) -> None:
     print(f"{'kind':8} {'steps':>5} {'wall s':>7} {'gpu s':>7} {'host s':>7} {'med wall':>9} {'med gpu':>8} "
-          f"{'med host':>9} {'launch':>7} {'sched':>6} {'tokens':>7} {'rows':>5} {'max rows':>8}")
+          f"{'med host':>9} {'launch':>7} {'sched':>6} {'cpu':>5} {'tokens':>7} {'rows':>5} {'max rows':>8}")
     for kind, r in table.items():
         print(f"{kind:8} {r['steps']:5d} {r['wall_s']:7.2f} {r['gpu_s']:7.2f} {r['host_s']:7.2f} "
               f"{r['median_wall_ms']:9.2f} {r['median_gpu_ms']:8.2f} {r['median_host_ms']:9.2f} "
-              f"{r['median_launch_ms']:7.2f} {r['median_schedule_ms']:6.2f} {r['median_tokens']:7.0f} "
+              f"{r['median_launch_ms']:7.2f} {r['median_schedule_ms']:6.2f} {r['median_schedule_cpu_ms']:5.2f} "
+              f"{r['median_tokens']:7.0f} "
               f"{r['median_rows']:5.0f} {r['max_rows']:8d}")
 
 
@@ -213,6 +219,67 @@ def sync_debug(llm, num: int, input_len: int, vocab: int) -> dict:
     return {"syncs": dict(sites.most_common(30)), "host_top": top}
 
 
+def profile_schedule(llm, requests: list, params: list) -> dict:
+    """`Scheduler.schedule` under cProfile for one run of `requests`, with the collector's
+    passes inside it timed (gc.callbacks)."""
+    import cProfile
+    import gc
+    import pstats
+    import resource
+
+    sched = llm.engine.scheduler
+    real, prof = sched.schedule, cProfile.Profile()
+    calls = {"n": 0, "wall_ms": 0.0, "cpu_ms": 0.0, "gc_ms": 0.0, "gc_passes": 0, "minor_faults": 0,
+             "voluntary_switches": 0, "involuntary_switches": 0}
+    usage = lambda: resource.getrusage(resource.RUSAGE_THREAD)  # noqa: E731
+    inside, gc_start = [False], [0.0]
+
+    def on_gc(phase, info):
+        if not inside[0]:
+            return
+        if phase == "start":
+            gc_start[0] = time.perf_counter()
+        else:
+            calls["gc_ms"] += (time.perf_counter() - gc_start[0]) * 1e3
+            calls["gc_passes"] += 1
+
+    def schedule(*a, **k):
+        t, cpu, ru = time.perf_counter(), time.thread_time(), usage()
+        inside[0] = True
+        prof.enable()
+        try:
+            return real(*a, **k)
+        finally:
+            prof.disable()
+            inside[0] = False
+            calls["n"] += 1
+            calls["wall_ms"] += (time.perf_counter() - t) * 1e3
+            calls["cpu_ms"] += (time.thread_time() - cpu) * 1e3
+            after = usage()
+            calls["minor_faults"] += after.ru_minflt - ru.ru_minflt
+            calls["voluntary_switches"] += after.ru_nvcsw - ru.ru_nvcsw  # blocked (a wait, the GIL)
+            calls["involuntary_switches"] += after.ru_nivcsw - ru.ru_nivcsw  # preempted
+
+    gc.callbacks.append(on_gc)
+    sched.schedule = schedule
+    try:
+        llm.generate([p for p, _ in requests], params, use_tqdm=False)
+    finally:
+        sched.schedule = real
+        gc.callbacks.remove(on_gc)
+    print(f"\nschedule under cProfile: {calls['n']} calls, wall {calls['wall_ms']:.0f} ms, this thread's CPU "
+          f"{calls['cpu_ms']:.0f} ms, collector {calls['gc_ms']:.1f} ms in {calls['gc_passes']} passes; "
+          f"minor faults {calls['minor_faults']}, switches voluntary {calls['voluntary_switches']} / involuntary "
+          f"{calls['involuntary_switches']}")
+    top = []
+    for (file, line, name), (_, calls_n, tottime, cumtime, _) in sorted(
+            pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:15]:
+        where = f"{os.path.basename(file)}:{line} {name}"
+        top.append({"function": where, "self_ms": tottime * 1e3, "cum_ms": cumtime * 1e3, "calls": calls_n})
+        print(f"  {tottime * 1e3:8.1f} {cumtime * 1e3:8.1f} ms {calls_n:7d}x  {where[:90]}")
+    return {**calls, "top": top}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3_5_2p3b")
@@ -221,6 +288,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--first-step-sweep", type=int, default=0)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--profile-schedule", action="store_true")
     ap.add_argument("--sync-debug", type=int, default=0, help="requests for the sync / host-profile check")
     ap.add_argument("--engine-args", default="{}")
     ap.add_argument("--device", default="cuda", help="cpu (with --model demo): a smoke test of the script")
@@ -318,6 +386,9 @@ def main() -> None:
                                  for e in top]
         for e in top:
             print(f"  {e.self_device_time_total / 1e3:9.1f} ms {e.count:7d}x  {e.key[:90]}")
+    if args.profile_schedule:
+        requests = workload(args.num_prompts, args.input_len, args.output_len, 0.0, vocab, 10)
+        result["profile_schedule"] = profile_schedule(llm, requests, params)
     if args.sync_debug:
         result["sync_debug"] = sync_debug(llm, args.sync_debug, args.input_len, vocab)
     if args.json:
