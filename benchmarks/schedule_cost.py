@@ -10,6 +10,11 @@ Only `Scheduler.schedule` is timed; the forward is the CPU's and takes most of t
 
 `--first-wave-cached`: the first wave runs once before the timed loop, as in loaded_tpot.py, so
 the timed loop's first step admits 64 cache hits at once (`first_step_schedule_ms`).
+`--full-batch N`: instead of the closed loop, step_breakdown.py's firstreq run (session 48): the
+prefix tree first filled as its first-step sweep fills it (b = 1..N requests of 32 random tokens
+and 8 outputs, twice each), then 256 requests of 512 / 40 tokens submitted at once; the median
+scheduling of the 256-row decode steps, wall and this thread's CPU time, and the dominated-only
+evictions asked (each reply that reaches a page boundary without a resume slot asks for one).
 `--spare-max`: values of `CacheManager.EVICT_SPARE_MAX` to run (set on each engine's cache
 manager), each on a fresh engine with
 the same workload (0: one eviction pass over the checkpoints per slot needed, as before
@@ -79,6 +84,53 @@ def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len
             "evict_state_calls": evictions["calls"], "checkpoints_evicted": engine.cache.stats.evicted_checkpoints}
 
 
+def full_batch(state_slots: int, sweep: int, seed: int, num_prompts: int = 256, input_len: int = 512,
+               output_len: int = 40) -> dict:
+    """step_breakdown.py's firstreq run on the CPU: the tree filled by a first-step sweep of
+    1..`sweep` requests, then `num_prompts` requests at once (the 2.3B model's 792 state slots,
+    CUDA's scheduling defaults, overlapped scheduling)."""
+    import random
+
+    import torch
+
+    from hybrid_serve import LLM, SamplingParams
+    from throughput import workload
+
+    torch.set_num_threads(2)
+    llm = LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
+              prefill_hold_steps=16, async_scheduling=True, num_state_slots_override=state_slots,
+              max_model_len=32768, num_kv_pages_override=60000)
+    engine = llm.engine
+    rng = random.Random(seed)
+    for b in range(1, sweep + 1):
+        prompts = [{"prompt_token_ids": [rng.randrange(3, 4096) for _ in range(32)]} for _ in range(b)]
+        for _ in range(2):
+            llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    sched, tree = engine.scheduler, engine.cache.tree
+    real, real_evict, steps, asked = sched.schedule, tree.evict_state, [], {"n": 0}
+
+    def schedule(*a, **k):
+        t, cpu = time.perf_counter(), time.thread_time()
+        chunks = real(*a, **k)
+        steps.append(((time.perf_counter() - t) * 1e3, (time.thread_time() - cpu) * 1e3,
+                      len(chunks), sum(c.num_tokens for c in chunks)))
+        return chunks
+
+    def evict_state(*a, **k):
+        asked["n"] += bool(k.get("dominated_only"))
+        return real_evict(*a, **k)
+
+    sched.schedule, tree.evict_state = schedule, evict_state
+    requests = workload(num_prompts, input_len, output_len, 0.0, 4096, seed + 1)
+    llm.generate([{"prompt_token_ids": p} for p, _ in requests],
+                 SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True))
+    decode = [s for s in steps if s[2] == s[3] >= num_prompts * 3 // 4]  # decode steps of most of the batch
+    return {"sweep": sweep, "state_slots": state_slots, "decode_steps": len(decode),
+            "decode_schedule_median_ms": statistics.median(s[0] for s in decode),
+            "decode_schedule_cpu_median_ms": statistics.median(s[1] for s in decode),
+            "dominated_only_evictions_asked": asked["n"], "checkpoints_held": tree.num_state_slots}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-prompts", type=int, default=320)
@@ -89,7 +141,19 @@ def main() -> None:
                     help="run the first wave once before (loaded_tpot.py's warm-up): its prompts are then all "
                          "cache hits, admitted in the timed loop's first step")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--full-batch", type=int, default=0, metavar="SWEEP",
+                    help="step_breakdown.py's firstreq run after a first-step sweep of 1..SWEEP requests")
     args = ap.parse_args()
+    if args.full_batch:
+        row = full_batch(args.state_slots, args.full_batch, args.seed)
+        print(f"{row['decode_steps']} decode steps of >= 192 rows: scheduling median "
+              f"{row['decode_schedule_median_ms']:.2f} ms (this thread's CPU {row['decode_schedule_cpu_median_ms']:.2f} "
+              f"ms); dominated-only evictions asked {row['dominated_only_evictions_asked']}, checkpoints held "
+              f"{row['checkpoints_held']}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"benchmark": "schedule_cost --full-batch", **row}, f, indent=1)
+        return
     rows = []
     for spare in (int(x) for x in args.spare_max.split(",")):
         row = run(args.num_prompts, args.state_slots, spare, args.seed, first_wave_cached=args.first_wave_cached)

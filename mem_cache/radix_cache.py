@@ -82,6 +82,13 @@ class RadixCache:
         self.num_pages = 0  # KV pages the tree holds
         self.num_state_slots = 0  # checkpoints the tree holds
         self._holders: set[RadixNode] = set()  # the nodes holding them (eviction scans these, not the tree)
+        # which checkpoints are dominated (`_dominated`) changes only when the tree's shape or
+        # its checkpoints do: insert and evict_kv bump the version (evict_state need not: a
+        # checkpoint dropped makes none dominated). A dominated-only eviction that found none
+        # records the version it looked at, and the same question asked again before the
+        # next change is answered without a pass over the holders
+        self._version = 0
+        self._no_dominated_at: int | None = None
         self.events: list[CacheEvent] | None = None  # set to a list to record evictions (CacheManager)
 
     # ----- helpers ---------------------------------------------------------------------
@@ -246,6 +253,7 @@ class RadixCache:
                     self._append_event(CacheEvent("checkpoint_taken", tuple(tokens), len(tokens) - len(node.tokens)))
             else:
                 duplicate_state = state_slot
+        self._version += 1
         return InsertResult(node, self._path_pages(node, stop=start_node), duplicate_state, first_page)
 
     # ----- locks -----------------------------------------------------------------------
@@ -290,6 +298,8 @@ class RadixCache:
             del parent.children[self._key(leaf.tokens, 0)]
             if parent is not self.root and not parent.children and parent.lock_ref == 0:
                 leaves.append(parent)
+        if freed_pages:
+            self._version += 1
         return freed_pages, freed_slots
 
     @staticmethod
@@ -340,6 +350,8 @@ class RadixCache:
         following admissions and checkpoints of a step need are free without one pass over
         every holder each (under state pressure one step of ~16 admissions made ~30 such
         passes: 10-15 ms of its scheduling with ~700 checkpoints held)."""
+        if dominated_only and keep is None and self._no_dominated_at == self._version:
+            return []  # none was dominated when last asked, and the tree has not changed since
         if num_slots == 1 and not spare:  # one slot for an admission or a checkpoint: one pass
             victim = self._first_victim(keep)
             victims = [victim] if victim is not None else []
@@ -352,6 +364,8 @@ class RadixCache:
                 victims += [n for key, _, n in keyed[num_slots:num_slots + spare] if key[:2] == kind]
         if dominated_only:
             victims = [n for n in victims if self._dominated(n)]
+            if not victims and keep is None and num_slots > 0:  # the order's first is not dominated
+                self._no_dominated_at = self._version
         freed = []
         for node in victims:
             self._record("checkpoint_evicted", node)

@@ -37,3 +37,16 @@ def test_schedule_cost_first_wave_cached_runs():
     assert cold["first_step"]["rows"] == warm["first_step"]["rows"] == 8  # the whole first wave admitted
     assert cold["first_step"]["cached_tokens"] == 0 < warm["first_step"]["cached_tokens"]
     assert warm["first_step"]["tokens"] < cold["first_step"]["tokens"]
+
+
+@pytest.mark.xdist_group("cpu_engine")
+def test_schedule_cost_full_batch_runs():
+    """--full-batch: a sweep fills the tree, then one batch decodes with the state pool full;
+    its replies ask for dominated-only evictions at page boundaries, and the decode steps'
+    scheduling is timed."""
+    from schedule_cost import full_batch
+
+    row = full_batch(48, 4, 0, num_prompts=32, input_len=64, output_len=24)
+    assert row["decode_steps"] > 10
+    assert 0 < row["decode_schedule_cpu_median_ms"] <= row["decode_schedule_median_ms"] * 1.5 + 0.5
+    assert row["dominated_only_evictions_asked"] > 0 and row["checkpoints_held"] > 0

@@ -150,6 +150,19 @@ class RadixMachine(RuleBasedStateMachine):
                 "a checkpoint went before one of an earlier class (dominated, unlocked, locked)"
         self.slots.free(slots)
 
+    @rule(n=st.integers(1, 3), spare=st.integers(0, 2), twice=st.booleans())
+    def evict_dominated(self, n, spare, twice):
+        """dominated_only: only checkpoints a deeper one on their chain dominates go, and one
+        goes whenever one exists, also when asked again after a pass that found none (the
+        tree remembers that answer only until it changes)."""
+        for _ in range(2 if twice else 1):
+            dominated = {x.state_slot for x in self.tree._nodes()
+                         if x.state_slot is not None and _chain_has_deeper_checkpoint(x)}
+            slots = self.tree.evict_state(n, dominated_only=True, spare=spare)
+            assert set(slots) <= dominated, "a checkpoint that is not dominated went"
+            assert slots or not dominated, "a dominated checkpoint was there and none went"
+            self.slots.free(slots)
+
     @invariant()
     def consistent(self):
         self.tree.check_integrity()
@@ -301,6 +314,46 @@ def test_evict_state_spare_takes_the_next_of_the_same_kind_only():
         want_slots = [n.state_slot for n in want]
         assert tree.evict_state(1, spare=spare) == want_slots, trial
         assert all(n.state_slot is None for n in want) and tree.num_state_slots == len(tree._holders)
+
+
+def test_dominated_only_eviction_remembers_finding_none_until_the_tree_changes(monkeypatch):
+    """A dominated-only eviction that found none is answered again without a pass over the
+    holders until the tree changes (session 48: each 256-row decode step asked 16 times, once
+    per reply reaching a page boundary, 0.5 ms a pass over ~500 checkpoints on the H200's host);
+    an insert that makes a checkpoint dominated, or an eviction, ends it."""
+    passes = {"n": 0}
+    real = RadixCache._dominated
+
+    def counted(node):
+        passes["n"] += 1
+        return real(node)
+
+    monkeypatch.setattr(RadixCache, "_dominated", staticmethod(counted))
+    tree = RadixCache(4, True)
+    for i in range(8):  # 8 branches, each one checkpoint: none dominated
+        tree.insert([i, 0, 0, 0], [i + 1], state_slot=i + 1)
+    for spare in (0, 3):
+        assert tree.evict_state(1, dominated_only=True, spare=spare) == []
+    first = passes["n"]
+    assert first > 0
+    for spare in (0, 3):
+        assert tree.evict_state(1, dominated_only=True, spare=spare) == []
+    assert passes["n"] == first, "asked again with the tree unchanged: no pass"
+    tree.insert([0, 0, 0, 0, 5, 5, 5, 5], [1, 20], state_slot=20)  # slot 1's checkpoint is dominated now
+    assert tree.evict_state(1, dominated_only=True) == [1]
+    assert tree.evict_state(1, dominated_only=True) == []  # slot 20 is a leaf: dominated by nothing
+    marked = passes["n"]
+    assert tree.evict_state(1, dominated_only=True) == [] and passes["n"] == marked
+    assert tree.evict_kv(1) != ([], [])  # a leaf goes: the tree changed, the next ask looks again
+    tree.evict_state(1, dominated_only=True)
+    assert passes["n"] > marked
+    # a kept node is not part of the remembered answer: a pass with `keep` records nothing
+    tree2 = RadixCache(4, True)
+    tree2.insert([1, 1, 1, 1], [1], state_slot=1)
+    res = tree2.insert([1, 1, 1, 1, 2, 2, 2, 2], [1, 2], state_slot=2)
+    upper = res.node.parent
+    assert tree2.evict_state(1, keep=upper, dominated_only=True) == []
+    assert tree2.evict_state(1, dominated_only=True) == [1]
 
 
 def test_a_full_state_pool_evicts_a_few_ahead():
