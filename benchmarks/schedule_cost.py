@@ -32,17 +32,24 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len: int = 512, output_len: int = 128,
-        concurrency: int = 64, first_wave_cached: bool = False) -> dict:
+def cuda_like_llm(state_slots: int, **engine_args):
+    """The demo model on the CPU (2 threads) with CUDA's scheduling defaults (256 sequences,
+    8,192-token steps and chunks, prompts held for 16 steps) and `state_slots` state slots."""
     import torch
 
     from hybrid_serve import LLM
+
+    torch.set_num_threads(2)
+    return LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
+               prefill_hold_steps=16, num_state_slots_override=state_slots, **engine_args)
+
+
+def run(num_prompts: int, state_slots: int, spare_max: int, seed: int, input_len: int = 512, output_len: int = 128,
+        concurrency: int = 64, first_wave_cached: bool = False) -> dict:
     from loaded_tpot import closed_loop
     from throughput import workload
 
-    torch.set_num_threads(2)
-    llm = LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
-              prefill_hold_steps=16, num_state_slots_override=state_slots, max_model_len=4096)
+    llm = cuda_like_llm(state_slots, max_model_len=4096)
     engine = llm.engine
     engine.cache.EVICT_SPARE_MAX = spare_max  # this engine's cache manager only
     sched = engine.scheduler
@@ -91,15 +98,10 @@ def full_batch(state_slots: int, sweep: int, seed: int, num_prompts: int = 256, 
     CUDA's scheduling defaults, overlapped scheduling)."""
     import random
 
-    import torch
-
-    from hybrid_serve import LLM, SamplingParams
+    from hybrid_serve import SamplingParams
     from throughput import workload
 
-    torch.set_num_threads(2)
-    llm = LLM(device="cpu", max_num_seqs=256, max_num_batched_tokens=8192, chunked_prefill_size=8192,
-              prefill_hold_steps=16, async_scheduling=True, num_state_slots_override=state_slots,
-              max_model_len=32768, num_kv_pages_override=60000)
+    llm = cuda_like_llm(state_slots, async_scheduling=True, max_model_len=32768, num_kv_pages_override=60000)
     engine = llm.engine
     rng = random.Random(seed)
     for b in range(1, sweep + 1):

@@ -82,11 +82,8 @@ class RadixCache:
         self.num_pages = 0  # KV pages the tree holds
         self.num_state_slots = 0  # checkpoints the tree holds
         self._holders: set[RadixNode] = set()  # the nodes holding them (eviction scans these, not the tree)
-        # which checkpoints are dominated (`_dominated`) changes only when the tree's shape or
-        # its checkpoints do: insert and evict_kv bump the version (evict_state need not: a
-        # checkpoint dropped makes none dominated). A dominated-only eviction that found none
-        # records the version it looked at, and the same question asked again before the
-        # next change is answered without a pass over the holders
+        # a dominated-only eviction that found none records the version, and is answered again
+        # without a pass until insert or evict_kv bumps it (dropping a checkpoint makes none dominated)
         self._version = 0
         self._no_dominated_at: int | None = None
         self.events: list[CacheEvent] | None = None  # set to a list to record evictions (CacheManager)
