@@ -19,9 +19,11 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-# (name, N, K, calls a step), the 2.3B Qwen3.5 layout at tp=1
-SHAPES = [("gdn_in_proj", 12352, 2048, 18), ("attn_qkv", 9216, 2048, 6), ("gate_up", 12288, 2048, 24),
-          ("out_o_proj", 2048, 4096, 24), ("down_proj", 2048, 6144, 24)]
+import linear_sweep
+
+# (name, N, K, calls a step): linear_sweep's 2.3B shapes at tp=1 but the LM head (a prompt step
+# computes the logits of its last rows only)
+SHAPES = [shape for shape in linear_sweep.SHAPES if shape[0] != "lm_head"]
 
 
 def time_linear_ms(m: int, n: int, k: int, reps: int) -> float:
